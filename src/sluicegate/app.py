@@ -1,0 +1,69 @@
+"""`create_app(settings)`: the FastAPI app, and the lifespan that owns the engine.
+
+Importing this module starts nothing. The lifespan opens the engine in the running event
+loop (vLLM requires it), hands it to requests through lifespan state, and shuts it down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from sluicegate import __version__
+from sluicegate.api import completions, health, models
+from sluicegate.api.errors import install_error_handlers
+from sluicegate.engine.protocol import EngineClient
+from sluicegate.middleware import RequestIdMiddleware
+from sluicegate.service import CompletionService
+from sluicegate.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[Settings], Awaitable[EngineClient]]
+
+
+async def start_vllm_engine(settings: Settings) -> EngineClient:
+    from sluicegate.engine.model import resolve_model
+    from sluicegate.engine.vllm_engine import VLLMEngine
+
+    return await VLLMEngine.start(settings, resolve_model(settings))
+
+
+def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_engine) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        async with AsyncExitStack() as stack:
+            started = time.monotonic()
+            engine = await engine_factory(settings)
+            stack.push_async_callback(engine.shutdown)
+            logger.info(
+                "engine ready in %.1f s: serving %s (max_model_len=%d)",
+                time.monotonic() - started,
+                settings.model_name,
+                engine.max_model_len,
+            )
+            yield {
+                "settings": settings,
+                "engine": engine,
+                "service": CompletionService(engine, settings.model_name),
+                "started_at": int(time.time()),
+            }
+            logger.info("shutting down the engine")
+
+    app = FastAPI(
+        title="sluicegate",
+        version=__version__,
+        description="OpenAI-compatible inference gateway over an in-process vLLM engine.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,100 @@
+"""The small surface the gateway needs from an inference engine.
+
+The vLLM adapter (`engine.vllm_engine`) implements it; unit tests use a fake. Nothing here
+imports vLLM, so gateway logic can be typed and tested without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Sampling parameters with every default filled in (OpenAI's where it has one)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    """None: no logprobs. k >= 0: the sampled token's logprob plus the top k alternatives."""
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """What one choice produced since the previous step."""
+
+    index: int
+    text: str
+    num_tokens: int
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class EngineStep:
+    """One engine output for a request: the deltas of the choices that moved."""
+
+    choices: list[ChoiceDelta] = field(default_factory=list)
+    prompt_tokens: int = 0
+    finished: bool = False
+
+
+class PromptTokenizer(Protocol):
+    """Turns requests into the token ids the engine receives."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template with a generation prompt, then tokenize."""
+        ...
+
+    async def encode(self, text: str) -> list[int]:
+        """Tokenize plain text, the way the engine would for a completion prompt."""
+        ...
+
+
+class EngineClient(Protocol):
+    @property
+    def tokenizer(self) -> PromptTokenizer: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncGenerator[EngineStep, None]:
+        """Stream the request's outputs. Closing the iterator early aborts the request.
+
+        Raises `errors.EngineUnavailableError` when the engine cannot serve, and
+        `errors.InvalidRequestError` when it refuses the input.
+        """
+        ...
+
+    async def check_health(self) -> None:
+        """Raise `errors.EngineUnavailableError` unless the engine can take requests."""
+        ...
+
+    async def shutdown(self) -> None: ...

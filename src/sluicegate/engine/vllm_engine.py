@@ -1,0 +1,207 @@
+"""The engine adapter over vLLM's V1 `AsyncLLM` (what `AsyncLLMEngine` names).
+
+It is built inside the app lifespan, in the running event loop, the way vLLM's own OpenAI
+server builds it, and it is the one place where vLLM's exceptions become the gateway's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    EngineStep,
+    FinishReason,
+    SamplingOptions,
+    TokenLogprob,
+)
+from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.errors import EngineUnavailableError, InvalidRequestError
+from sluicegate.settings import Settings
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - vLLM always brings torch
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def engine_arguments(settings: Settings, model: str, on_gpu: bool) -> dict[str, Any]:
+    """Keyword arguments for vLLM's `AsyncEngineArgs`, from our settings."""
+    dtype = settings.dtype
+    if dtype == "auto" and not on_gpu:
+        # CPUs without native bf16 run float32 several times faster (see the README).
+        dtype = "float32"
+    enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not on_gpu
+    args: dict[str, Any] = {
+        "model": model,
+        "served_model_name": settings.model_name,
+        "tokenizer": model,
+        "revision": settings.revision,
+        "trust_remote_code": settings.trust_remote_code,
+        "dtype": dtype,
+        "max_model_len": settings.max_model_len,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "scheduling_policy": settings.scheduling_policy,
+        "enforce_eager": enforce_eager,
+        "disable_log_stats": False,
+        "enable_log_requests": False,
+    }
+    if on_gpu:
+        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    return args
+
+
+class VLLMEngine:
+    """`EngineClient` over an in-process `AsyncLLM` whose core runs in a child process."""
+
+    def __init__(self, llm: AsyncLLM, tokenizer: HFPromptTokenizer, max_model_len: int):
+        self._llm = llm
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+
+    @classmethod
+    async def start(cls, settings: Settings, model: str) -> VLLMEngine:
+        if settings.cpu_kvcache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        on_gpu = cuda_available()
+        engine_args = AsyncEngineArgs(**engine_arguments(settings, model, on_gpu))
+        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        llm = AsyncLLM.from_vllm_config(
+            config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            enable_log_requests=False,
+            disable_log_stats=False,
+        )
+        tokenizer = HFPromptTokenizer(llm.get_tokenizer())
+        return cls(llm, tokenizer, config.model_config.max_model_len)
+
+    @property
+    def tokenizer(self) -> HFPromptTokenizer:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncGenerator[EngineStep, None]:
+        from vllm.exceptions import VLLMValidationError
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._llm.errored:
+            raise EngineUnavailableError("The inference engine is not running.")
+        try:
+            params = _sampling_params(options)
+            stream = self._llm.generate(tokens_input(prompt_token_ids), params, request_id)
+            # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
+            # which aborts the request in the engine core.
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    yield EngineStep(
+                        choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
+                        prompt_tokens=len(output.prompt_token_ids or ()),
+                        finished=output.finished,
+                    )
+        except EngineDeadError as exc:
+            raise EngineUnavailableError("The inference engine is not running.") from exc
+        except VLLMValidationError as exc:
+            raise InvalidRequestError(str(exc.args[0]), param=exc.parameter) from exc
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        except Exception as exc:
+            if self._llm.errored:
+                raise EngineUnavailableError("The inference engine is not running.") from exc
+            raise
+
+    async def check_health(self) -> None:
+        if self._llm.errored:
+            raise EngineUnavailableError("The inference engine is not running.")
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            raise EngineUnavailableError("The inference engine is not running.") from exc
+
+    async def shutdown(self) -> None:
+        self._tokenizer.close()
+        self._llm.shutdown()
+
+
+def _sampling_params(options: SamplingOptions) -> Any:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    return SamplingParams(
+        n=options.n,
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        min_p=options.min_p,
+        seed=options.seed,
+        stop=list(options.stop) or None,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        repetition_penalty=options.repetition_penalty,
+        logprobs=options.logprobs,
+        ignore_eos=options.ignore_eos,
+        min_tokens=options.min_tokens,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
+    finish: FinishReason | None = output.finish_reason
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [
+            _token_logprob(token_id, position, top_k or 0)
+            for token_id, position in zip(output.token_ids, output.logprobs, strict=False)
+        ]
+    return ChoiceDelta(
+        index=output.index,
+        text=output.text,
+        num_tokens=len(output.token_ids),
+        finish_reason=finish,
+        logprobs=logprobs,
+    )
+
+
+# JSON has no -inf; OpenAI-compatible servers report impossible tokens as -9999.
+_MIN_LOGPROB = -9999.0
+
+
+def _token_logprob(token_id: int, position: Any, top_k: int) -> TokenLogprob:
+    sampled = position[token_id]
+    ranked = sorted(
+        (lp.rank, lp.decoded_token or "", max(lp.logprob, _MIN_LOGPROB))
+        for lp in position.values()
+        if lp.rank is not None and 1 <= lp.rank <= top_k
+    )
+    return TokenLogprob(
+        token=sampled.decoded_token or "",
+        logprob=max(sampled.logprob, _MIN_LOGPROB),
+        top=tuple((token, logprob) for _, token, logprob in ranked),
+    )

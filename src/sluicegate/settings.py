@@ -1,0 +1,128 @@
+"""sluicegate's one typed configuration object.
+
+Every value comes from, in rising priority: the defaults below, a `.env` file, the
+environment (`SLUICEGATE_*`), and `sluicegate serve --flag` (passed in as init arguments).
+A bad value stops start-up with a message that names the setting (see `describe_error`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+ENV_PREFIX = "SLUICEGATE_"
+
+
+def _default_model_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluicegate" / "models"
+
+
+class Settings(BaseSettings):
+    """Gateway and engine configuration. Field docs are the README's reference text."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+        protected_namespaces=(),
+    )
+
+    # --- model -----------------------------------------------------------------------
+    model: str | None = Field(
+        default=None,
+        description="Local Hugging Face folder or hub id. Unset: the bundled SmolLM2.",
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        description="Name clients pass as `model`. Unset: the model folder's name.",
+    )
+    model_cache_dir: Path = Field(
+        default_factory=_default_model_cache_dir,
+        description="Where `sluicegate model prepare` writes the converted bundled model.",
+    )
+    revision: str | None = Field(default=None, description="Model revision, for hub ids.")
+    trust_remote_code: bool = Field(default=False, description="Allow model code from the hub.")
+
+    # --- server ----------------------------------------------------------------------
+    host: str = Field(default="127.0.0.1", description="Address to bind.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port to bind.")
+    shutdown_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds in-flight requests may take to finish after SIGTERM.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level."
+    )
+
+    # --- engine ----------------------------------------------------------------------
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one model is split over.")
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="Pipeline stages.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of GPU memory vLLM may take (0-1]."
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="Sequences batched per step.")
+    max_num_batched_tokens: int = Field(
+        default=8192, ge=1, description="Tokens scheduled per step."
+    )
+    max_model_len: int = Field(
+        default=4096, ge=16, description="Context window: prompt plus completion tokens."
+    )
+    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of prefixes.")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs", description="Engine queue order."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto", description="Weights and activations. `auto`: float32 on CPU."
+    )
+    enforce_eager: bool | None = Field(
+        default=None,
+        description="Skip graph compilation. Unset: on for CPU, off for GPU.",
+    )
+    cpu_kvcache_space_gib: int | None = Field(
+        default=None,
+        ge=1,
+        description="CPU backend only: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).",
+    )
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Settings:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                "max_num_batched_tokens must be at least max_num_seqs "
+                f"({self.max_num_batched_tokens} < {self.max_num_seqs})"
+            )
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use in `model` and see in responses."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            return DEFAULT_MODEL_NAME
+        return Path(self.model.rstrip("/")).name or self.model
+
+
+def describe_error(exc: ValidationError) -> str:
+    """One line per bad value, naming the setting as users spell it in the environment."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        name = (ENV_PREFIX + loc[0].upper()) if loc else "settings"
+        allowed = ""
+        ctx = err.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f" (allowed: {ctx['expected']})"
+        given = err.get("input")
+        shown = f"={given!r}" if loc and not isinstance(given, dict) else ""
+        lines.append(f"invalid setting {name}{shown}: {err['msg']}{allowed}")
+    return "\n".join(lines)

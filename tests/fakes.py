@@ -1,0 +1,71 @@
+"""A fake engine for unit tests of gateway logic. It is not vLLM and does not pretend to be:
+it tokenizes by whitespace and replays scripted deltas."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from sluicegate.engine.protocol import ChoiceDelta, EngineStep, SamplingOptions
+from sluicegate.errors import EngineUnavailableError, GatewayError
+
+
+class WhitespaceTokenizer:
+    vocab_size = 1000
+
+    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
+
+    async def encode(self, text: str) -> list[int]:
+        return [len(w) for w in text.split()]
+
+
+@dataclass
+class FakeEngine:
+    """Yields `words` one per step for each choice; can fail before or after output starts."""
+
+    words: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
+    max_model_len: int = 64
+    fail_before_output: GatewayError | None = None
+    fail_after_words: int | None = None
+    step_delay: float = 0.0
+    healthy: bool = True
+    requests: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
+    active: set[str] = field(default_factory=set)
+    tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[EngineStep]:
+        self.requests.append((request_id, prompt_token_ids, options))
+        if self.fail_before_output is not None:
+            raise self.fail_before_output
+        self.active.add(request_id)
+        try:
+            words = self.words[: options.max_tokens]
+            for position, word in enumerate(words):
+                if self.fail_after_words is not None and position == self.fail_after_words:
+                    raise EngineUnavailableError("The inference engine is not running.")
+                await asyncio.sleep(self.step_delay)
+                last = position == len(words) - 1
+                reason = None
+                if last:
+                    reason = "length" if len(words) == options.max_tokens else "stop"
+                yield EngineStep(
+                    choices=[
+                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=reason)
+                        for i in range(options.n)
+                    ],
+                    prompt_tokens=len(prompt_token_ids),
+                    finished=last,
+                )
+        finally:
+            self.active.discard(request_id)
+
+    async def check_health(self) -> None:
+        if not self.healthy:
+            raise EngineUnavailableError("The inference engine is not running.")
+
+    async def shutdown(self) -> None:
+        self.healthy = False

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from tests.integration.server import MODEL_NAME, GatewayProcess, start_gateway
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One real gateway (real vLLM engine, SmolLM2, float32) for the whole session."""
+    process = start_gateway(tmp_path_factory.mktemp("gateway"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(gateway: GatewayProcess) -> str:
+    return gateway.url
+
+
+@pytest.fixture(scope="session")
+def client(base_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def aclient(base_url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def model() -> str:
+    return MODEL_NAME
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> object:
+    """The model's own tokenizer, loaded from the prepared folder, to check counts against."""
+    from transformers import AutoTokenizer
+
+    from sluicegate.engine.model import bundled_model_dir
+    from sluicegate.settings import Settings
+
+    return AutoTokenizer.from_pretrained(bundled_model_dir(Settings()))
+
+
+def chat_prompt_tokens(tokenizer: object, messages: list[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)  # type: ignore[attr-defined]
+    return len(tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path

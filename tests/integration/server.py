@@ -1,0 +1,97 @@
+"""Start a real `sluicegate serve` process (real vLLM engine) on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+START_TIMEOUT_S = 420.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return int(self.process.returncode)
+
+
+def start_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> GatewayProcess:
+    port = free_port()
+    log_path = log_dir / f"gateway-{port}.log"
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "SLUICEGATE_CPU_KVCACHE_SPACE_GIB": "2",
+        "SLUICEGATE_MAX_MODEL_LEN": "2048",
+        **(env or {}),
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sluicegate", "serve", "--port", str(port), *flags],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+    gateway = GatewayProcess(process, port, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"gateway exited with {process.returncode}:\n{gateway.log()[-4000:]}"
+            )
+        try:
+            if httpx.get(f"{gateway.url}/ready", timeout=2).status_code == 200:
+                return gateway
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    gateway.stop()
+    raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S} s:\n{gateway.log()[-4000:]}")
+
+
+def metric_value(url: str, name: str) -> float:
+    """Sum of a metric's samples in the gateway's /metrics exposition."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    if not found:
+        raise AssertionError(f"{name} not in /metrics")
+    return total

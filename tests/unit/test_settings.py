@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sluicegate.cli import build_parser, load_settings, main
+from sluicegate.settings import Settings, describe_error
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    for name in list(__import__("os").environ):
+        if name.startswith("SLUICEGATE_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_match_the_documented_table() -> None:
+    s = Settings()
+    assert (s.host, s.port, s.max_model_len) == ("127.0.0.1", 8000, 4096)
+    assert (s.tensor_parallel_size, s.pipeline_parallel_size) == (1, 1)
+    assert s.gpu_memory_utilization == 0.9
+    assert (s.max_num_seqs, s.max_num_batched_tokens) == (256, 8192)
+    assert s.enable_prefix_caching is True
+    assert s.scheduling_policy == "fcfs"
+    assert s.dtype == "auto"
+    assert s.enforce_eager is None and s.cpu_kvcache_space_gib is None
+    assert s.model is None and s.model_name == "SmolLM2-135M-Instruct"
+
+
+def test_environment_and_dotenv_are_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("SLUICEGATE_PORT=9000\nSLUICEGATE_MAX_MODEL_LEN=1024\n")
+    monkeypatch.setenv("SLUICEGATE_MAX_MODEL_LEN", "2048")
+    s = Settings()
+    assert s.port == 9000
+    assert s.max_model_len == 2048  # the environment beats .env
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICEGATE_PORT", "9000")
+    monkeypatch.setenv("SLUICEGATE_ENABLE_PREFIX_CACHING", "true")
+    args = vars(
+        build_parser().parse_args(["serve", "--port", "9100", "--no-enable-prefix-caching"])
+    )
+    args.pop("command")
+    s = load_settings(args)
+    assert s.port == 9100
+    assert s.enable_prefix_caching is False
+
+
+def test_served_model_name_defaults_to_the_folder_name() -> None:
+    assert Settings(model="/models/Llama-3-8B/").model_name == "Llama-3-8B"
+    assert Settings(model="org/name", served_model_name="chat").model_name == "chat"
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "needle"),
+    [
+        ("SLUICEGATE_PORT", "eighty", "SLUICEGATE_PORT"),
+        ("SLUICEGATE_GPU_MEMORY_UTILIZATION", "1.5", "less than or equal to 1"),
+        ("SLUICEGATE_SCHEDULING_POLICY", "random", "'fcfs' or 'priority'"),
+        ("SLUICEGATE_DTYPE", "int3", "allowed"),
+        ("SLUICEGATE_MAX_MODEL_LEN", "0", "SLUICEGATE_MAX_MODEL_LEN"),
+    ],
+)
+def test_bad_values_name_the_setting_and_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, needle: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    message = describe_error(caught.value)
+    assert env in message
+    assert needle in message
+
+
+def test_serve_with_a_bad_value_exits_2_with_one_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_MAX_NUM_SEQS", "-3")
+    with pytest.raises(SystemExit) as caught:
+        main(["serve"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sluicegate: invalid setting SLUICEGATE_MAX_NUM_SEQS")
+    assert "Traceback" not in err
+
+
+def test_serve_with_a_missing_model_folder_fails_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["serve", "--model", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"sluicegate: model folder {tmp_path / 'nope'} does not exist"
+
+
+def test_serve_with_a_broken_model_folder_fails_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    assert main(["serve", "--model", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "unreadable config.json" in err and len(err.splitlines()) == 1
