@@ -46,7 +46,7 @@ class FakeEngine:
             words = self.words[: options.max_tokens]
             for position, word in enumerate(words):
                 if self.fail_after_words is not None and position == self.fail_after_words:
-                    raise EngineUnavailableError("The inference engine is not running.")
+                    raise EngineUnavailableError()
                 await asyncio.sleep(self.step_delay)
                 last = position == len(words) - 1
                 reason = None
@@ -65,7 +65,7 @@ class FakeEngine:
 
     async def check_health(self) -> None:
         if not self.healthy:
-            raise EngineUnavailableError("The inference engine is not running.")
+            raise EngineUnavailableError()
 
     async def shutdown(self) -> None:
         self.healthy = False

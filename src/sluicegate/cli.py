@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -75,6 +77,9 @@ def _serve(overrides: dict[str, Any]) -> int:
 
     settings = load_settings(overrides)
     configure_logging(settings.log_level)
+    if settings.model is None or Path(settings.model).expanduser().exists():
+        # A local model needs no hub; without this, hub look-ups stall on closed networks.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         if settings.model is None:
             prepare_bundled_model(settings)

@@ -22,8 +22,12 @@ class GatewayError(Exception):
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"
     default_code: ClassVar[str | None] = None
+    default_message: ClassVar[str] = "The server had an error while processing your request."
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, message: str | None = None, *, param: str | None = None, code: str | None = None
+    ):
+        message = message or self.default_message
         super().__init__(message)
         self.message = message
         self.param = param
@@ -62,6 +66,7 @@ class EngineUnavailableError(GatewayError):
     status_code = 503
     error_type = "service_unavailable_error"
     default_code = "engine_unavailable"
+    default_message = "The inference engine is not running."
 
 
 def error_body(

@@ -99,7 +99,7 @@ def test_stream_order_role_content_finish_usage_done(client: TestClient) -> None
 def test_error_before_output_keeps_its_status_even_when_streaming(
     client: TestClient, engine: FakeEngine
 ) -> None:
-    engine.fail_before_output = EngineUnavailableError("The inference engine is not running.")
+    engine.fail_before_output = EngineUnavailableError()
     for stream in (False, True):
         response = client.post("/v1/chat/completions", json=chat_body(stream=stream))
         assert response.status_code == 503

@@ -103,3 +103,9 @@ def test_serve_with_a_broken_model_folder_fails_in_one_line(
     assert main(["serve", "--model", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert "unreadable config.json" in err and len(err.splitlines()) == 1
+
+
+def test_readme_lists_every_setting_with_its_default() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"| `{name.upper()}` |" in readme, f"README lacks SLUICEGATE_{name.upper()}"

@@ -85,5 +85,4 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    body = error_body("The server had an error while processing your request.", "server_error")
-    return JSONResponse(body, status_code=500)
+    return JSONResponse(GatewayError().to_body(), status_code=500)

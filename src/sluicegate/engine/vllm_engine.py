@@ -7,6 +7,7 @@ server builds it, and it is the one place where vLLM's exceptions become the gat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncGenerator
@@ -113,7 +114,7 @@ class VLLMEngine:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._llm.errored:
-            raise EngineUnavailableError("The inference engine is not running.")
+            raise EngineUnavailableError()
         try:
             params = _sampling_params(options)
             stream = self._llm.generate(tokens_input(prompt_token_ids), params, request_id)
@@ -127,23 +128,23 @@ class VLLMEngine:
                         finished=output.finished,
                     )
         except EngineDeadError as exc:
-            raise EngineUnavailableError("The inference engine is not running.") from exc
+            raise EngineUnavailableError() from exc
         except VLLMValidationError as exc:
             raise InvalidRequestError(str(exc.args[0]), param=exc.parameter) from exc
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from exc
         except Exception as exc:
             if self._llm.errored:
-                raise EngineUnavailableError("The inference engine is not running.") from exc
+                raise EngineUnavailableError() from exc
             raise
 
     async def check_health(self) -> None:
         if self._llm.errored:
-            raise EngineUnavailableError("The inference engine is not running.")
+            raise EngineUnavailableError()
         try:
             await self._llm.check_health()
         except Exception as exc:
-            raise EngineUnavailableError("The inference engine is not running.") from exc
+            raise EngineUnavailableError() from exc
 
     async def shutdown(self) -> None:
         self._tokenizer.close()
@@ -153,23 +154,9 @@ class VLLMEngine:
 def _sampling_params(options: SamplingOptions) -> Any:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    return SamplingParams(
-        n=options.n,
-        max_tokens=options.max_tokens,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        top_k=options.top_k,
-        min_p=options.min_p,
-        seed=options.seed,
-        stop=list(options.stop) or None,
-        presence_penalty=options.presence_penalty,
-        frequency_penalty=options.frequency_penalty,
-        repetition_penalty=options.repetition_penalty,
-        logprobs=options.logprobs,
-        ignore_eos=options.ignore_eos,
-        min_tokens=options.min_tokens,
-        output_kind=RequestOutputKind.DELTA,
-    )
+    # SamplingOptions uses vLLM's names on purpose; only `stop` changes shape.
+    fields = {**dataclasses.asdict(options), "stop": list(options.stop) or None}
+    return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
 def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:

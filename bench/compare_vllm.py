@@ -1,0 +1,223 @@
+"""sluicegate against vLLM's own OpenAI server, same model, same engine flags, one run.
+
+Each server is started in turn on a loopback port and driven by vLLM's benchmark module
+(`vllm.benchmarks.serve`) with random prompts (128 tokens in, 64 out, `--ignore-eos`) at
+each concurrency level. The table reports both servers and the ratio sluicegate / vLLM.
+
+    .venv/bin/python bench/compare_vllm.py                  # 1, 16 and 64 concurrent
+    .venv/bin/python bench/compare_vllm.py --rounds 2       # A B, then B A; medians
+
+Absolute numbers drift between machines and runs; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+METRICS = (
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+)
+HEADERS = ("req/s", "out tok/s", "median TTFT ms", "P99 TTFT ms", "median TPOT ms")
+# Higher is better for the first two; lower for the latencies.
+HIGHER_IS_BETTER = (True, True, False, False, False)
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The same engine configuration for both servers, spelled as vLLM's flags."""
+    return [
+        "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", str(args.max_model_len),
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+        "--enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -> list[str]:
+    if kind == "vllm":
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--served-model-name", args.name,
+            "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+            *engine_flags(args),
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "sluicegate", "serve",
+        "--model", model, "--served-model-name", args.name,
+        "--port", str(port), "--max-model-len", str(args.max_model_len),
+        "--dtype", "float32", "--enforce-eager",
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+        "--enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def start(
+    kind: str, model: str, port: int, args: argparse.Namespace, log: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            server_command(kind, model, port, args), stdout=out, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{kind} server exited early; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(process)
+    raise SystemExit(f"{kind} server not ready in 600 s; see {log}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def drive(
+    port: int, model: str, concurrency: int, args: argparse.Namespace, num_prompts: int = 0
+) -> dict[str, Any]:
+    """One level of vLLM's own benchmark, in this process."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    num_prompts = num_prompts or max(args.min_prompts, concurrency * args.prompts_per_slot)
+    bench_args = parser.parse_args([
+        "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--base-url", f"http://127.0.0.1:{port}", "--model", args.name, "--tokenizer", model,
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--ignore-eos",
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--seed", "0", "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+    ])  # fmt: skip
+    result: dict[str, Any] = bench_main(bench_args)
+    if result.get("failed"):
+        raise SystemExit(f"{result['failed']} requests failed at concurrency {concurrency}")
+    return result
+
+
+def run_server(kind: str, model: str, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    port = args.port
+    log = RESULTS / f"{kind}-server.log"
+    process = start(kind, model, port, args, log)
+    try:
+        if args.warmup:
+            drive(port, model, 4, args, num_prompts=8)
+        return {c: drive(port, model, c, args) for c in args.concurrency}
+    finally:
+        stop(process)
+
+
+def table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
+    lines = [
+        "| concurrency | server | " + " | ".join(HEADERS) + " |",
+        "|---|---|" + "---|" * len(HEADERS),
+    ]
+    for level in levels:
+        medians = {
+            kind: [statistics.median(r[level][m] for r in runs) for m in METRICS]
+            for kind, runs in results.items()
+        }
+        for kind in ("vllm", "sluicegate"):
+            cells = " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in medians[kind])
+            name = "vLLM server" if kind == "vllm" else "sluicegate"
+            lines.append(f"| {level} | {name} | {cells} |")
+        ratios = [
+            s / v if v else float("nan")
+            for s, v in zip(medians["sluicegate"], medians["vllm"], strict=True)
+        ]
+        lines.append(
+            f"| {level} | **ratio** | " + " | ".join(f"**{r:.2f}x**" for r in ratios) + " |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model folder (default: the prepared bundled SmolLM2)")
+    parser.add_argument("--name", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--prompts-per-slot", type=int, default=2)
+    parser.add_argument("--min-prompts", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-gib", type=int, default=4)
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the order each round")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args()
+
+    if args.model is None:
+        from sluicegate.engine.model import bundled_model_dir
+        from sluicegate.settings import Settings
+
+        args.model = str(bundled_model_dir(Settings()))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, list[dict[int, dict[str, Any]]]] = {"vllm": [], "sluicegate": []}
+    for round_index in range(args.rounds):
+        order = ["vllm", "sluicegate"] if round_index % 2 == 0 else ["sluicegate", "vllm"]
+        for kind in order:
+            print(f"--- round {round_index + 1}: {kind}", flush=True)
+            results[kind].append(run_server(kind, args.model, args))
+
+    cpu = cpu_model()
+    machine = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    report = table(results, args.concurrency)
+    shape = f"{args.input_len} tokens in / {args.output_len} out"
+    print(f"\nMachine: {machine}; rounds: {args.rounds}; {shape}\n")
+    print(report)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
+    (RESULTS / f"compare-{stamp}.md").write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
