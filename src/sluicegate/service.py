@@ -168,7 +168,9 @@ class CompletionService:
                 state.text_parts.append(delta.text)
                 state.num_tokens += delta.num_tokens
                 if with_logprobs:
-                    state.logprobs = (state.logprobs or []) + (delta.logprobs or [])
+                    if state.logprobs is None:
+                        state.logprobs = []
+                    state.logprobs.extend(delta.logprobs or ())
                 if delta.finish_reason is not None:
                     state.finish_reason = _checked_finish(delta.finish_reason)
         ordered = [choices[k] for k in sorted(choices)]
