@@ -30,6 +30,8 @@ class FakeEngine:
     fail_before_output: GatewayError | None = None
     fail_after_words: int | None = None
     step_delay: float = 0.0
+    delays: list[float] | None = None
+    """Per-word delays; overrides `step_delay` where given."""
     healthy: bool = True
     requests: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
@@ -47,7 +49,8 @@ class FakeEngine:
             for position, word in enumerate(words):
                 if self.fail_after_words is not None and position == self.fail_after_words:
                     raise EngineUnavailableError()
-                await asyncio.sleep(self.step_delay)
+                delays = self.delays or []
+                await asyncio.sleep(delays[position] if position < len(delays) else self.step_delay)
                 last = position == len(words) - 1
                 reason = None
                 if last:

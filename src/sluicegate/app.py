@@ -6,6 +6,7 @@ loop (vLLM requires it), hands it to requests through lifespan state, and shuts 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,11 +16,14 @@ from typing import Any
 from fastapi import FastAPI
 
 from sluicegate import __version__
+from sluicegate.admission import AdmissionMiddleware
 from sluicegate.api import completions, health, models
 from sluicegate.api.errors import install_error_handlers
+from sluicegate.auth import ApiKeyMiddleware, ApiKeyring
 from sluicegate.engine.protocol import EngineClient
+from sluicegate.limits import BodyLimitMiddleware
 from sluicegate.middleware import RequestIdMiddleware
-from sluicegate.service import CompletionService
+from sluicegate.service import CompletionService, RequestLimits
 from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_en
             started = time.monotonic()
             engine = await engine_factory(settings)
             stack.push_async_callback(engine.shutdown)
+            # Everything allocated so far (torch, transformers, the engine) lives until exit.
+            # Freezing it keeps full garbage collections from walking it mid-stream, which
+            # otherwise shows up as latency spikes under load.
+            gc.collect()
+            gc.freeze()
             logger.info(
                 "engine ready in %.1f s: serving %s (max_model_len=%d)",
                 time.monotonic() - started,
@@ -50,7 +59,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_en
             yield {
                 "settings": settings,
                 "engine": engine,
-                "service": CompletionService(engine, settings.model_name),
+                "service": CompletionService(
+                    engine, settings.model_name, RequestLimits.from_settings(settings)
+                ),
                 "started_at": int(time.time()),
             }
             logger.info("shutting down the engine")
@@ -65,5 +76,27 @@ def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_en
     app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    # Starlette runs the last-added middleware outermost, so requests pass, in order:
+    # request id -> API key -> admission -> body limits -> routes.
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_request_bytes,
+        read_timeout=settings.request_body_timeout,
+    )
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_in_flight=settings.max_in_flight,
+        max_in_flight_per_key=settings.max_in_flight_per_key,
+    )
+    if settings.api_keys is not None:
+        open_paths = {"/health", "/ready"} | (
+            set() if settings.metrics_require_auth else {"/metrics"}
+        )
+        app.add_middleware(
+            ApiKeyMiddleware,
+            keyring=ApiKeyring.parse(settings.api_keys.get_secret_value()),
+            open_paths=frozenset(open_paths),
+        )
+    # Outermost, so even a 401 or 503 from the middleware above carries X-Request-Id.
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -3,14 +3,20 @@
     GatewayError                      500 server_error
     ├── InvalidRequestError           400 invalid_request_error
     │   └── ContextLengthExceededError    code=context_length_exceeded
+    ├── AuthenticationError           401 invalid_request_error   code=invalid_api_key
     ├── NotFoundError                 404 invalid_request_error
     │   └── ModelNotFoundError            code=model_not_found
     ├── MethodNotAllowedError         405 invalid_request_error
-    └── EngineUnavailableError        503 service_unavailable_error
+    ├── RequestTimeoutError           408 invalid_request_error   code=request_timeout
+    ├── PayloadTooLargeError          413 invalid_request_error   code=request_too_large
+    ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
+    ├── EngineUnavailableError        503 service_unavailable_error
+    │   └── OverloadedError               code=overloaded
+    └── DeadlineExceededError         504 timeout_error           code=timeout
 
-Services raise these; `api.errors` turns them (and FastAPI's own errors) into
-`{"error": {"message", "type", "param", "code"}}` in one place. Foreign exceptions from the
-engine are translated once, in the engine adapter.
+Services and middleware raise these; `api.errors` (for routes) and `middleware.send_error`
+(for pure-ASGI middleware) turn them into `{"error": {"message", "type", "param", "code"}}`.
+Foreign exceptions from the engine are translated once, in the engine adapter.
 """
 
 from __future__ import annotations
@@ -25,13 +31,19 @@ class GatewayError(Exception):
     default_message: ClassVar[str] = "The server had an error while processing your request."
 
     def __init__(
-        self, message: str | None = None, *, param: str | None = None, code: str | None = None
+        self,
+        message: str | None = None,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         message = message or self.default_message
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code if code is not None else self.default_code
+        self.headers = headers or {}
 
     def to_body(self) -> dict[str, Any]:
         return error_body(self.message, self.error_type, self.param, self.code)
@@ -44,6 +56,13 @@ class InvalidRequestError(GatewayError):
 
 class ContextLengthExceededError(InvalidRequestError):
     default_code = "context_length_exceeded"
+
+
+class AuthenticationError(GatewayError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+    default_message = "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."
 
 
 class NotFoundError(GatewayError):
@@ -62,11 +81,43 @@ class MethodNotAllowedError(GatewayError):
     default_code = "method_not_allowed"
 
 
+class RequestTimeoutError(GatewayError):
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+    default_message = "The request body did not arrive in time."
+
+
+class PayloadTooLargeError(GatewayError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class ConcurrencyLimitError(GatewayError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "concurrency_limit_exceeded"
+    default_message = "Too many concurrent requests for this API key."
+
+
 class EngineUnavailableError(GatewayError):
     status_code = 503
     error_type = "service_unavailable_error"
     default_code = "engine_unavailable"
     default_message = "The inference engine is not running."
+
+
+class OverloadedError(EngineUnavailableError):
+    default_code = "overloaded"
+    default_message = "The server is at capacity. Retry shortly."
+
+
+class DeadlineExceededError(GatewayError):
+    status_code = 504
+    error_type = "timeout_error"
+    default_code = "timeout"
+    default_message = "The request took longer than the server allows."
 
 
 def error_body(

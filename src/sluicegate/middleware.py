@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sluicegate.errors import GatewayError
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Client ids are echoed into headers and logs: accept only short, plain tokens.
@@ -42,3 +45,15 @@ def _client_request_id(scope: Scope) -> str | None:
         if name == REQUEST_ID_HEADER:
             return value.decode() if _VALID_REQUEST_ID.fullmatch(value) else None
     return None
+
+
+async def send_error(send: Send, error: GatewayError) -> None:
+    """Answer with `error` from pure-ASGI middleware, where FastAPI's handlers don't reach."""
+    body = json.dumps(error.to_body()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -30,6 +30,7 @@ from sluicegate.responses import (
     ResponseFormat,
     usage,
 )
+from sluicegate.settings import Settings
 from sluicegate.streaming import sse_event
 
 T = TypeVar("T")
@@ -56,15 +57,39 @@ class Run:
         return sum(len(p) for p in self.prompts)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on what one request may ask for; each breach is a 400 naming the parameter."""
+
+    max_messages: int = 2048
+    max_prompts: int = 64
+    max_n: int = 16
+    max_tokens: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(
+            max_messages=settings.max_messages,
+            max_prompts=settings.max_prompts,
+            max_n=settings.max_n,
+            max_tokens=settings.max_tokens_limit,
+        )
+
+
 class CompletionService:
-    def __init__(self, engine: EngineClient, model_name: str):
+    def __init__(self, engine: EngineClient, model_name: str, limits: RequestLimits | None = None):
         self._engine = engine
         self._model_name = model_name
+        self._limits = limits or RequestLimits()
 
     # ---- preparing ----------------------------------------------------------------------
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> Run:
         self._check_model(request.model)
+        if len(request.messages) > self._limits.max_messages:
+            raise InvalidRequestError(
+                f"At most {self._limits.max_messages} messages are accepted.", param="messages"
+            )
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
@@ -77,6 +102,12 @@ class CompletionService:
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         self._check_model(request.model)
+        prompt = request.prompt
+        batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
+        if batch and len(prompt) > self._limits.max_prompts:
+            raise InvalidRequestError(
+                f"At most {self._limits.max_prompts} prompts are accepted.", param="prompt"
+            )
         prompts = await self._encode_prompts(request.prompt)
         run_id = f"cmpl-{uuid.uuid4().hex}"
         fmt = CompletionFormat(run_id, int(time.time()), self._model_name, request.include_usage)
@@ -119,6 +150,17 @@ class CompletionService:
         limit = self._engine.max_model_len
         longest = max(len(p) for p in prompts)
         requested = request.completion_limit()
+        limits = self._limits
+        if request.n > limits.max_n:
+            raise InvalidRequestError(f"n must be at most {limits.max_n}.", param="n")
+        if (
+            limits.max_tokens is not None
+            and requested is not None
+            and requested > limits.max_tokens
+        ):
+            raise InvalidRequestError(
+                f"max_tokens must be at most {limits.max_tokens}.", param="max_tokens"
+            )
         if longest >= limit or (requested is not None and longest + requested > limit):
             wanted = longest + (requested or 1)
             raise ContextLengthExceededError(

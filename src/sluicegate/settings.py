@@ -11,10 +11,14 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sluicegate.auth import ApiKeyring
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# Settings whose values must never be echoed, not even in an error message.
+SECRET_SETTINGS = frozenset({"api_keys"})
 ENV_PREFIX = "SLUICEGATE_"
 
 
@@ -63,6 +67,44 @@ class Settings(BaseSettings):
         default="info", description="Log level."
     )
 
+    # --- access ----------------------------------------------------------------------
+    api_keys: SecretStr | None = Field(
+        default=None,
+        description="Comma-separated keys, or @file with one per line; `sha256:<hex>` entries "
+        "give a key by its digest. Unset: no authentication.",
+    )
+    metrics_require_auth: bool = Field(
+        default=False, description="Require an API key for /metrics too."
+    )
+
+    # --- limits ----------------------------------------------------------------------
+    max_in_flight: int = Field(
+        default=512, ge=1, description="Inference requests in flight before new ones get a 503."
+    )
+    max_in_flight_per_key: int | None = Field(
+        default=None, ge=1, description="In-flight requests per API key before a 429. Unset: none."
+    )
+    max_request_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
+    )
+    max_messages: int = Field(default=2048, ge=1, description="Most messages in one chat request.")
+    max_prompts: int = Field(default=64, ge=1, description="Most prompts in one completion.")
+    max_n: int = Field(default=16, ge=1, le=128, description="Largest `n` accepted.")
+    max_tokens_limit: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest `max_tokens` accepted. Unset: the context bounds it.",
+    )
+    request_body_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds the request body may take to arrive (408)."
+    )
+    request_timeout: float = Field(
+        default=600.0, gt=0, description="Seconds one request, streamed or not, may take (504)."
+    )
+    stream_stall_timeout: float = Field(
+        default=60.0, gt=0, description="Seconds a stream may go without an event before it ends."
+    )
+
     # --- engine ----------------------------------------------------------------------
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one model is split over.")
     pipeline_parallel_size: int = Field(default=1, ge=1, description="Pipeline stages.")
@@ -92,6 +134,13 @@ class Settings(BaseSettings):
         ge=1,
         description="CPU backend only: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).",
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            ApiKeyring.parse(value.get_secret_value())  # raises ApiKeyError (a ValueError)
+        return value
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Settings:
@@ -123,6 +172,8 @@ def describe_error(exc: ValidationError) -> str:
         if "expected" in ctx:
             allowed = f" (allowed: {ctx['expected']})"
         given = err.get("input")
-        shown = f"={given!r}" if loc and not isinstance(given, dict) else ""
-        lines.append(f"invalid setting {name}{shown}: {err['msg']}{allowed}")
+        secret = bool(loc) and loc[0] in SECRET_SETTINGS
+        shown = f"={given!r}" if loc and not secret and not isinstance(given, dict) else ""
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"invalid setting {name}{shown}: {msg}{allowed}")
     return "\n".join(lines)

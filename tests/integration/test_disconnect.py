@@ -28,8 +28,8 @@ def long_request(model: str, stream: bool) -> bytes:
     )
 
 
-async def wait_for_running(url: str, predicate: object, timeout: float) -> float:
-    deadline = time.monotonic() + timeout
+async def wait_for_running(url: str, predicate: object, within: float) -> float:
+    deadline = time.monotonic() + within
     while True:
         value = await asyncio.to_thread(metric_value, url, RUNNING)
         if predicate(value):  # type: ignore[operator]

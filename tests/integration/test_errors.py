@@ -161,3 +161,16 @@ def test_request_id_is_echoed_or_generated(base_url: str) -> None:
 def test_health_and_ready(base_url: str) -> None:
     assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{base_url}/ready").json() == {"status": "ready"}
+
+
+def test_oversize_body_is_a_413_before_it_is_read(base_url: str, model: str) -> None:
+    huge = {"model": model, "messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]}
+    response = chat(base_url, huge)
+    assert_error(response, 413, "request_too_large")
+
+
+def test_too_many_messages_or_choices_are_400s(base_url: str, model: str) -> None:
+    many = {"model": model, "messages": [{"role": "user", "content": "x"}] * 2049}
+    assert assert_error(chat(base_url, many), 400)["param"] == "messages"
+    wide = {"model": model, "messages": [{"role": "user", "content": "x"}], "n": 17}
+    assert assert_error(chat(base_url, wide), 400)["param"] == "n"

@@ -17,7 +17,12 @@ logger = logging.getLogger(__name__)
 
 # Parts pydantic adds to an error location that name a type, not a parameter.
 _TYPE_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after"}
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,0 +1,50 @@
+"""Admission control: a bound on inference requests in flight, overall and per API key.
+
+A request over the bound is refused at once, before its body is read: 503 `overloaded` when
+the gateway is full, 429 `concurrency_limit_exceeded` when one key holds its share. Both
+carry `Retry-After`. A slot is held until the response (or stream) has been sent, so the
+count covers everything the engine is running or queueing for us.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sluicegate.errors import ConcurrencyLimitError, OverloadedError
+from sluicegate.middleware import send_error
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+RETRY_AFTER_S = "1"
+
+
+class AdmissionMiddleware:
+    def __init__(self, app: ASGIApp, max_in_flight: int, max_in_flight_per_key: int | None):
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.max_per_key = max_in_flight_per_key
+        self.in_flight = 0
+        self.per_key: dict[str, int] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in INFERENCE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        key: str | None = scope.get("state", {}).get("api_key_id")
+        if self.in_flight >= self.max_in_flight:
+            await send_error(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}))
+            return
+        if key is not None and self.max_per_key is not None:
+            if self.per_key.get(key, 0) >= self.max_per_key:
+                error = ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S})
+                await send_error(send, error)
+                return
+            self.per_key[key] = self.per_key.get(key, 0) + 1
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            if key is not None and key in self.per_key:
+                self.per_key[key] -= 1
+                if not self.per_key[key]:
+                    del self.per_key[key]
