@@ -1,8 +1,9 @@
 """Admission control: a bound on inference requests in flight, overall and per API key.
 
 A request over the bound is refused at once, before its body is read: 503 `overloaded` when
-the gateway is full, 429 `concurrency_limit_exceeded` when one key holds its share. Both
-carry `Retry-After`. A slot is held until the response (or stream) has been sent, so the
+the gateway is full, 503 `shutting_down` while it drains after SIGTERM, and 429
+`concurrency_limit_exceeded` when one key holds its share. All carry `Retry-After`.
+A slot is held until the response (or stream) has been sent, so the
 count covers everything the engine is running or queueing for us.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sluicegate.errors import ConcurrencyLimitError, OverloadedError
+from sluicegate.errors import ConcurrencyLimitError, OverloadedError, ShuttingDownError
+from sluicegate.lifecycle import Lifecycle
 from sluicegate.middleware import send_error
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -18,11 +20,17 @@ RETRY_AFTER_S = "1"
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: ASGIApp, max_in_flight: int, max_in_flight_per_key: int | None):
+    def __init__(
+        self,
+        app: ASGIApp,
+        lifecycle: Lifecycle,
+        max_in_flight: int,
+        max_in_flight_per_key: int | None,
+    ):
         self.app = app
+        self.lifecycle = lifecycle
         self.max_in_flight = max_in_flight
         self.max_per_key = max_in_flight_per_key
-        self.in_flight = 0
         self.per_key: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -30,7 +38,11 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         key: str | None = scope.get("state", {}).get("api_key_id")
-        if self.in_flight >= self.max_in_flight:
+        lifecycle = self.lifecycle
+        if lifecycle.draining:
+            await send_error(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}))
+            return
+        if lifecycle.in_flight >= self.max_in_flight:
             await send_error(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}))
             return
         if key is not None and self.max_per_key is not None:
@@ -39,11 +51,11 @@ class AdmissionMiddleware:
                 await send_error(send, error)
                 return
             self.per_key[key] = self.per_key.get(key, 0) + 1
-        self.in_flight += 1
+        lifecycle.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            lifecycle.in_flight -= 1
             if key is not None and key in self.per_key:
                 self.per_key[key] -= 1
                 if not self.per_key[key]:

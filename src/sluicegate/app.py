@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import redis.asyncio
 from fastapi import FastAPI
 
 from sluicegate import __version__
@@ -21,14 +22,42 @@ from sluicegate.api import completions, health, models
 from sluicegate.api.errors import install_error_handlers
 from sluicegate.auth import ApiKeyMiddleware, ApiKeyring
 from sluicegate.engine.protocol import EngineClient
+from sluicegate.lifecycle import Lifecycle
 from sluicegate.limits import BodyLimitMiddleware
 from sluicegate.middleware import RequestIdMiddleware
+from sluicegate.quota import Quotas
+from sluicegate.ratelimit import MemoryRateLimiter, RateLimit, RateLimiter, RedisRateLimiter
 from sluicegate.service import CompletionService, RequestLimits
 from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[Settings], Awaitable[EngineClient]]
+
+
+def open_quotas(settings: Settings) -> Quotas:
+    """Rate limits in Redis when a URL is set (shared by replicas), else in this process."""
+    limiter: RateLimiter
+    if settings.redis_url is not None:
+        client = redis.asyncio.Redis.from_url(
+            settings.redis_url.get_secret_value(),
+            socket_connect_timeout=settings.rate_limit_redis_timeout,
+            socket_timeout=settings.rate_limit_redis_timeout,
+            retry_on_timeout=False,
+        )
+        limiter = RedisRateLimiter(client, op_timeout=settings.rate_limit_redis_timeout)
+    else:
+        limiter = MemoryRateLimiter()
+    return Quotas(
+        limiter,
+        default=RateLimit(
+            settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute
+        ),
+        overrides={
+            key: RateLimit(o.requests_per_minute, o.tokens_per_minute)
+            for key, o in settings.rate_limit_overrides.items()
+        },
+    )
 
 
 async def start_vllm_engine(settings: Settings) -> EngineClient:
@@ -38,10 +67,19 @@ async def start_vllm_engine(settings: Settings) -> EngineClient:
     return await VLLMEngine.start(settings, resolve_model(settings))
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_engine) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine_factory: EngineFactory = start_vllm_engine,
+    lifecycle: Lifecycle | None = None,
+) -> FastAPI:
+    """The app. `lifecycle` is shared with the server that drains it; tests may omit it."""
+    lifecycle = lifecycle or Lifecycle(drain_timeout=settings.shutdown_timeout)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
+            quotas = open_quotas(settings)
+            stack.push_async_callback(quotas.limiter.close)
             started = time.monotonic()
             engine = await engine_factory(settings)
             stack.push_async_callback(engine.shutdown)
@@ -63,6 +101,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_en
                     engine, settings.model_name, RequestLimits.from_settings(settings)
                 ),
                 "started_at": int(time.time()),
+                "lifecycle": lifecycle,
+                "quotas": quotas,
             }
             logger.info("shutting down the engine")
 
@@ -85,6 +125,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = start_vllm_en
     )
     app.add_middleware(
         AdmissionMiddleware,
+        lifecycle=lifecycle,
         max_in_flight=settings.max_in_flight,
         max_in_flight_per_key=settings.max_in_flight_per_key,
     )

@@ -10,8 +10,10 @@
     ├── RequestTimeoutError           408 invalid_request_error   code=request_timeout
     ├── PayloadTooLargeError          413 invalid_request_error   code=request_too_large
     ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
+    ├── RateLimitError                429 rate_limit_error        code=rate_limit_exceeded
     ├── EngineUnavailableError        503 service_unavailable_error
-    │   └── OverloadedError               code=overloaded
+    │   ├── OverloadedError               code=overloaded
+    │   └── ShuttingDownError             code=shutting_down
     └── DeadlineExceededError         504 timeout_error           code=timeout
 
 Services and middleware raise these; `api.errors` (for routes) and `middleware.send_error`
@@ -101,6 +103,12 @@ class ConcurrencyLimitError(GatewayError):
     default_message = "Too many concurrent requests for this API key."
 
 
+class RateLimitError(GatewayError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
 class EngineUnavailableError(GatewayError):
     status_code = 503
     error_type = "service_unavailable_error"
@@ -111,6 +119,11 @@ class EngineUnavailableError(GatewayError):
 class OverloadedError(EngineUnavailableError):
     default_code = "overloaded"
     default_message = "The server is at capacity. Retry shortly."
+
+
+class ShuttingDownError(EngineUnavailableError):
+    default_code = "shutting_down"
+    default_message = "The server is shutting down. Retry on another replica."
 
 
 class DeadlineExceededError(GatewayError):

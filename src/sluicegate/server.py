@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
-import signal
+from types import FrameType
 
 import uvicorn
 
 from sluicegate.app import create_app
+from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -17,9 +20,37 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain before its own shutdown.
+
+    On the first SIGTERM (or Ctrl+C) the server keeps listening: `/ready` turns 503 and new
+    inference requests get a 503 `shutting_down`, so load balancers move away, while the
+    requests in flight finish. When none is left, or `shutdown_timeout` has passed, uvicorn
+    shuts down: what is still running is cancelled, which aborts it in the engine. The
+    process then exits 0. A second signal skips the rest of the drain.
+    """
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle):
+        super().__init__(config)
+        self.lifecycle = lifecycle
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.lifecycle.draining:
+            super().handle_exit(sig, frame)
+            return
+        logger.info("draining: %d request(s) in flight", self.lifecycle.in_flight)
+        self.lifecycle.begin_drain()
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.lifecycle.drained():
+            return True
+        return await super().on_tick(counter)
+
+
 def serve(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM, then drain in-flight requests for `shutdown_timeout`."""
-    app = create_app(settings)
+    lifecycle = Lifecycle(drain_timeout=settings.shutdown_timeout)
+    app = create_app(settings, lifecycle=lifecycle)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -29,11 +60,9 @@ def serve(settings: Settings) -> None:
         lifespan="on",
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout),
+        # The drain already waited; this only bounds the close of what is left.
+        timeout_graceful_shutdown=1,
         # One engine per process: several workers would each load the model.
         workers=1,
     )
-    # uvicorn re-raises the signal it caught once it has drained. A SIGTERM that ended in a
-    # clean drain is a normal stop for process managers, so it should exit 0, not -15.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.Server(config).run()
+    DrainingServer(config, lifecycle).run()

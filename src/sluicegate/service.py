@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sluicegate.engine.protocol import EngineClient, EngineStep, SamplingOptions
 from sluicegate.errors import (
@@ -196,7 +196,7 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def collect(self, run: Run) -> dict[str, object]:
+    async def collect(self, run: Run) -> dict[str, Any]:
         """Run to completion and return the OpenAI response body."""
         choices = {
             run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
@@ -219,8 +219,12 @@ class CompletionService:
         completion_tokens = sum(c.num_tokens for c in ordered)
         return run.format.response(ordered, usage(run.prompt_tokens, completion_tokens))
 
-    async def stream(self, run: Run) -> AsyncGenerator[bytes, None]:
-        """SSE events for the run, without the closing `[DONE]` (the stream layer adds it)."""
+    async def stream(
+        self, run: Run, on_finish: Callable[[int], Awaitable[None]] | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
+
+        `on_finish` gets the completion token count once the run has ended normally."""
         fmt = run.format
         states: dict[int, ChoiceState] = {}
         completion_tokens = 0
@@ -242,6 +246,8 @@ class CompletionService:
                     yield sse_event(fmt.finish_chunk(index, _checked_finish(delta.finish_reason)))
         if run.include_usage:
             yield sse_event(fmt.usage_chunk(usage(run.prompt_tokens, completion_tokens)))
+        if on_finish is not None:
+            await on_finish(completion_tokens)
 
     async def _steps(self, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
         """Engine steps of every prompt of the run, tagged with the prompt's index."""

@@ -11,20 +11,36 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluicegate.auth import ApiKeyring
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # Settings whose values must never be echoed, not even in an error message.
-SECRET_SETTINGS = frozenset({"api_keys"})
+SECRET_SETTINGS = frozenset({"api_keys", "redis_url"})
 ENV_PREFIX = "SLUICEGATE_"
 
 
 def _default_model_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sluicegate" / "models"
+
+
+class RateLimitOverride(BaseModel):
+    """One API key's own limits, by its public id (`key-` + 12 hex digits)."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
 
 
 class Settings(BaseSettings):
@@ -75,6 +91,28 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
+    )
+
+    # --- redis and rate limits -------------------------------------------------------
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="redis://, rediss:// or unix:// URL (may hold a password). Unset: "
+        "rate limits are kept in this process.",
+    )
+    rate_limit_requests_per_minute: int | None = Field(
+        default=None, ge=1, description="Default requests per minute per API key. Unset: none."
+    )
+    rate_limit_tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Default tokens (prompt + completion) per minute per API key. Unset: none.",
+    )
+    rate_limit_overrides: dict[str, RateLimitOverride] = Field(
+        default_factory=dict,
+        description='JSON: {"<key id>": {"requests_per_minute": N, "tokens_per_minute": N}}.',
+    )
+    rate_limit_redis_timeout: float = Field(
+        default=0.25, gt=0, description="Seconds a rate-limit check may wait for Redis."
     )
 
     # --- limits ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sluicegate.errors import DeadlineExceededError, GatewayError
+from sluicegate.observability.metrics import count_error
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class EventStreamResponse(Response):
                 await send_error_event(send, DeadlineExceededError(_STALLED).to_body())
                 return
             except GatewayError as exc:
+                count_error(exc)
                 await send_error_event(send, exc.to_body())
                 return
             except Exception:

@@ -16,6 +16,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sluicegate.admission import AdmissionMiddleware
 from sluicegate.api.errors import install_error_handlers
 from sluicegate.app import create_app
+from sluicegate.lifecycle import Lifecycle
 from sluicegate.limits import BodyLimitMiddleware
 from sluicegate.settings import Settings
 from tests.fakes import FakeEngine
@@ -134,7 +135,7 @@ async def call(
 
 async def test_requests_beyond_the_bound_get_a_fast_503_and_slots_come_back() -> None:
     gate = Gate()
-    admission = AdmissionMiddleware(gate, max_in_flight=2, max_in_flight_per_key=None)
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=2, max_in_flight_per_key=None)
     held = [asyncio.create_task(call(admission)) for _ in range(2)]
     await asyncio.sleep(0.01)
     started = time.monotonic()
@@ -145,21 +146,21 @@ async def test_requests_beyond_the_bound_get_a_fast_503_and_slots_come_back() ->
     assert json.loads(refused[1]["body"])["error"]["code"] == "overloaded"
     gate.release.set()
     await asyncio.gather(*held)
-    assert admission.in_flight == 0
+    assert admission.lifecycle.in_flight == 0
     assert (await call(admission))[0]["status"] == 200
 
 
 async def test_other_paths_are_not_counted() -> None:
     gate = Gate()
     gate.release.set()
-    admission = AdmissionMiddleware(gate, max_in_flight=1, max_in_flight_per_key=None)
-    admission.in_flight = 1
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=1, max_in_flight_per_key=None)
+    admission.lifecycle.in_flight = 1
     assert (await call(admission, path="/health"))[0]["status"] == 200
 
 
 async def test_one_key_cannot_hold_more_than_its_share() -> None:
     gate = Gate()
-    admission = AdmissionMiddleware(gate, max_in_flight=10, max_in_flight_per_key=1)
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=10, max_in_flight_per_key=1)
     held = asyncio.create_task(call(admission, key="key-a"))
     await asyncio.sleep(0.01)
     refused = await call(admission, key="key-a")
@@ -171,6 +172,47 @@ async def test_one_key_cannot_hold_more_than_its_share() -> None:
     gate.release.set()
     await asyncio.gather(held, other)
     assert admission.per_key == {}
+
+
+async def test_while_draining_new_requests_get_503_and_in_flight_ones_finish() -> None:
+    gate = Gate()
+    lifecycle = Lifecycle(drain_timeout=30)
+    admission = AdmissionMiddleware(gate, lifecycle, max_in_flight=10, max_in_flight_per_key=None)
+    held = asyncio.create_task(call(admission))
+    await asyncio.sleep(0.01)
+    lifecycle.begin_drain()
+    assert not lifecycle.drained()
+    refused = await call(admission)
+    assert refused[0]["status"] == 503
+    assert json.loads(refused[1]["body"])["error"]["code"] == "shutting_down"
+    gate.release.set()
+    assert (await held)[0]["status"] == 200
+    assert lifecycle.drained()
+
+
+def test_drain_ends_when_its_time_is_up() -> None:
+    lifecycle = Lifecycle(drain_timeout=0)
+    lifecycle.in_flight = 3
+    assert not lifecycle.drained()
+    lifecycle.begin_drain()
+    assert lifecycle.drained()
+
+
+def test_ready_turns_503_while_draining() -> None:
+    lifecycle = Lifecycle(drain_timeout=30)
+    engine = FakeEngine()
+
+    async def factory(_: Settings) -> FakeEngine:
+        return engine
+
+    app = create_app(Settings(served_model_name=MODEL, _env_file=None), factory, lifecycle)  # type: ignore[call-arg]
+    with TestClient(app) as client:
+        assert client.get("/ready").status_code == 200
+        lifecycle.begin_drain()
+        response = client.get("/ready")
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "shutting_down"
+        assert client.get("/health").status_code == 200
 
 
 # ---- per-request limits --------------------------------------------------------------

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from sluicegate.errors import GatewayError, error_body
+from sluicegate.observability.metrics import count_error
 from sluicegate.streaming import ClientDisconnected
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-    return JSONResponse(exc.to_body(), status_code=exc.status_code)
+    count_error(exc)
+    return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

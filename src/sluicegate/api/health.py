@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from sluicegate.api.deps import EngineDep
-from sluicegate.errors import EngineUnavailableError
+from sluicegate.api.deps import EngineDep, LifecycleDep
+from sluicegate.errors import EngineUnavailableError, ShuttingDownError
 
 router = APIRouter(tags=["health"])
 
@@ -18,8 +18,10 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready", response_model=None)
-async def ready(engine: EngineDep) -> JSONResponse:
+async def ready(engine: EngineDep, lifecycle: LifecycleDep) -> JSONResponse:
     try:
+        if lifecycle.draining:
+            raise ShuttingDownError()
         await engine.check_health()
     except EngineUnavailableError as exc:
         return JSONResponse({"status": "unavailable", **exc.to_body()}, status_code=503)

@@ -1,0 +1,349 @@
+"""Per-API-key rate limits: requests and tokens per minute, over an exact sliding window.
+
+Every admitted request is stored with its timestamp (and prompt tokens with theirs; completion
+tokens are added by `reconcile` when the request finishes). A check drops entries at least 60 s
+old, then admits only if one more request and the prompt tokens still fit, so no 60 s interval
+ever holds more than the limit. A refusal's Retry-After is the time until enough of the oldest
+entries leave the window. `RedisRateLimiter` does this in one Lua script per check, on the Redis
+server's clock, so every gateway replica shares the windows; `MemoryRateLimiter` does the same
+in-process.
+
+The Redis store fails open: a check that times out or errors is allowed (and counted in
+`RATE_LIMIT_STORE_ERRORS`), because a broken limiter must not take the whole gateway down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+from sluicegate.observability.metrics import RATE_LIMIT_STORE_ERRORS
+
+logger = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 60.0
+WARNING_INTERVAL_SECONDS = 10.0
+_WINDOW_US = 60_000_000
+# A little longer than the window, so a key never expires while it still holds live entries.
+_KEY_TTL_MS = 61_000
+
+# Scores are microseconds of server time; numbers are formatted with %.0f because Lua's
+# default number-to-string conversion keeps only 14 significant digits.
+# Returns {allowed, requests, tokens, request retry, token retry, request reset, token reset},
+# durations in microseconds.
+_ACQUIRE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local rpm, tpm, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local window = tonumber(ARGV[5])
+local cutoff = string.format('%.0f', now - window)
+local function tokens(member) return tonumber(string.match(member, ':(%d+)$')) end
+local function reset(key)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest[2] then return tonumber(newest[2]) + window - now end
+  return 0
+end
+
+local count, req_retry, req_reset = 0, 0, 0
+if rpm >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+  count = redis.call('ZCARD', KEYS[1])
+  if count >= rpm then
+    -- the (count - rpm + 1)th oldest entry has to leave before one more request fits
+    local e = redis.call('ZRANGE', KEYS[1], count - rpm, count - rpm, 'WITHSCORES')
+    req_retry = window
+    if e[2] then req_retry = tonumber(e[2]) + window - now end
+  end
+end
+local used, tok_retry, tok_reset = 0, 0, 0
+if tpm >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', cutoff)
+  local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #entries, 2 do used = used + tokens(entries[i]) end
+  if cost > tpm then
+    tok_retry = window
+  elseif used + cost > tpm then
+    local need, freed = used + cost - tpm, 0
+    for i = 1, #entries, 2 do
+      freed = freed + tokens(entries[i])
+      if freed >= need then
+        tok_retry = tonumber(entries[i + 1]) + window - now
+        break
+      end
+    end
+  end
+end
+
+local allowed = 0
+if req_retry == 0 and tok_retry == 0 then
+  allowed = 1
+  local score = string.format('%.0f', now)
+  local member = score .. ':' .. ARGV[4]
+  if rpm >= 0 then
+    redis.call('ZADD', KEYS[1], score, member)
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
+    count = count + 1
+  end
+  if tpm >= 0 and cost > 0 then
+    redis.call('ZADD', KEYS[2], score, member .. ':' .. ARGV[3])
+    redis.call('PEXPIRE', KEYS[2], ARGV[6])
+    used = used + cost
+  end
+end
+if rpm >= 0 then req_reset = reset(KEYS[1]) end
+if tpm >= 0 then tok_reset = reset(KEYS[2]) end
+return {allowed, count, used, req_retry, tok_retry, req_reset, tok_reset}
+"""
+
+_RECONCILE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local score = string.format('%.0f', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - tonumber(ARGV[3])))
+redis.call('ZADD', KEYS[1], score, score .. ':' .. ARGV[2] .. ':' .. ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    requests_per_minute: int | None = None  # None: unlimited
+    tokens_per_minute: int | None = None  # None: unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    limit: str | None  # "requests" or "tokens" when refused, else None
+    retry_after: float  # seconds; 0 when allowed
+    headers: dict[str, str]  # OpenAI's rate-limit headers
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, key_id: str, limit: RateLimit, prompt_tokens: int) -> Decision: ...
+    async def reconcile(self, key_id: str, limit: RateLimit, completion_tokens: int) -> None: ...
+    async def close(self) -> None: ...
+
+
+ALLOW = Decision(allowed=True, limit=None, retry_after=0.0, headers={})
+
+
+class _Window(NamedTuple):
+    """One check's outcome, durations in seconds; what both stores hand to `_decide`."""
+
+    allowed: bool
+    requests: int
+    tokens: int
+    request_retry: float
+    token_retry: float
+    request_reset: float
+    token_reset: float
+
+
+def format_duration(seconds: float) -> str:
+    """A duration the way OpenAI writes it: "120ms", "45s", "1.5s", "6m0s"."""
+    total_ms = max(0, round(seconds * 1000))
+    if total_ms == 0:
+        return "0s"
+    if total_ms < 1000:
+        return f"{total_ms}ms"
+    minutes, ms = divmod(total_ms, 60_000)
+    secs = f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def _decide(limit: RateLimit, w: _Window) -> Decision:
+    headers: dict[str, str] = {}
+    rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+    if rpm is not None:
+        headers["x-ratelimit-limit-requests"] = str(rpm)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, rpm - w.requests))
+        headers["x-ratelimit-reset-requests"] = format_duration(w.request_reset)
+    if tpm is not None:
+        headers["x-ratelimit-limit-tokens"] = str(tpm)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, tpm - w.tokens))
+        headers["x-ratelimit-reset-tokens"] = format_duration(w.token_reset)
+    if w.allowed:
+        return Decision(allowed=True, limit=None, retry_after=0.0, headers=headers)
+    retry_after = max(w.request_retry, w.token_retry)
+    headers["retry-after"] = str(max(1, math.ceil(retry_after)))
+    which = "requests" if w.request_retry > 0 else "tokens"
+    return Decision(allowed=False, limit=which, retry_after=retry_after, headers=headers)
+
+
+def _unlimited(limit: RateLimit) -> bool:
+    return limit.requests_per_minute is None and limit.tokens_per_minute is None
+
+
+class _MalformedReplyError(Exception):
+    pass
+
+
+class RedisRateLimiter:
+    """Sliding windows in Redis, shared by every replica. Takes ownership of `client`."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis, prefix: str = "sluicegate", op_timeout: float = 0.05
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._op_timeout = op_timeout
+        self._acquire = client.register_script(_ACQUIRE_LUA)
+        self._reconcile = client.register_script(_RECONCILE_LUA)
+        self._last_warning = -math.inf
+        self._suppressed = 0
+
+    def _keys(self, key_id: str) -> list[str]:
+        # The hash tag keeps both windows of a key in one Redis Cluster slot, as scripts need.
+        base = f"{self._prefix}:rl:{{{key_id}}}"
+        return [f"{base}:req", f"{base}:tok"]
+
+    async def acquire(self, key_id: str, limit: RateLimit, prompt_tokens: int) -> Decision:
+        if _unlimited(limit):
+            return ALLOW
+        rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+        args: list[int | str] = [
+            -1 if rpm is None else rpm,
+            -1 if tpm is None else tpm,
+            max(0, prompt_tokens),
+            secrets.token_hex(8),
+            _WINDOW_US,
+            _KEY_TTL_MS,
+        ]
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                reply = await self._acquire(keys=self._keys(key_id), args=args)
+            values = _parse_reply(reply)
+        except (TimeoutError, OSError, RedisError, _MalformedReplyError) as exc:
+            self._failed_open(key_id, exc)
+            return ALLOW
+        allowed, requests, tokens, *durations = values
+        req_retry, tok_retry, req_reset, tok_reset = (d / 1e6 for d in durations)
+        window = _Window(
+            bool(allowed), requests, tokens, req_retry, tok_retry, req_reset, tok_reset
+        )
+        return _decide(limit, window)
+
+    async def reconcile(self, key_id: str, limit: RateLimit, completion_tokens: int) -> None:
+        if limit.tokens_per_minute is None or completion_tokens <= 0:
+            return
+        args: list[int | str] = [completion_tokens, secrets.token_hex(8), _WINDOW_US, _KEY_TTL_MS]
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await self._reconcile(keys=self._keys(key_id)[1:], args=args)
+        except (TimeoutError, OSError, RedisError) as exc:
+            self._failed_open(key_id, exc)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _failed_open(self, key_id: str, exc: BaseException) -> None:
+        RATE_LIMIT_STORE_ERRORS.inc()
+        now = time.monotonic()
+        # One line per interval: a Redis outage would otherwise log once per request.
+        if now - self._last_warning < WARNING_INTERVAL_SECONDS:
+            self._suppressed += 1
+            return
+        logger.warning(
+            "rate-limit store failed (%s: %s) checking %s; allowing without limits "
+            "(%d more failures since the last warning)",
+            type(exc).__name__,
+            exc,
+            key_id,
+            self._suppressed,
+        )
+        self._last_warning = now
+        self._suppressed = 0
+
+
+def _parse_reply(reply: Any) -> list[int]:
+    if not isinstance(reply, list) or len(reply) != 7:
+        raise _MalformedReplyError(f"unexpected reply {reply!r:.80}")
+    if not all(isinstance(v, int) and v >= 0 for v in reply):
+        raise _MalformedReplyError(f"unexpected reply {reply!r:.80}")
+    return reply
+
+
+@dataclass(slots=True)
+class _KeyWindow:
+    requests: deque[float] = field(default_factory=deque)
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    token_sum: int = 0
+
+    def trim(self, cutoff: float) -> None:
+        while self.requests and self.requests[0] <= cutoff:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= cutoff:
+            self.token_sum -= self.tokens.popleft()[1]
+
+
+class MemoryRateLimiter:
+    """The same sliding windows in this process only, for a single gateway without Redis."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._windows: dict[str, _KeyWindow] = {}
+
+    async def acquire(self, key_id: str, limit: RateLimit, prompt_tokens: int) -> Decision:
+        if _unlimited(limit):
+            return ALLOW
+        rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+        cost = max(0, prompt_tokens)
+        now = self._clock()
+        w = self._windows.setdefault(key_id, _KeyWindow())
+        w.trim(now - WINDOW_SECONDS)
+        req_retry = tok_retry = 0.0
+        if rpm is not None and len(w.requests) >= rpm:
+            blocking = len(w.requests) - rpm
+            req_retry = (
+                w.requests[blocking] + WINDOW_SECONDS - now
+                if blocking < len(w.requests)
+                else WINDOW_SECONDS
+            )
+        if tpm is not None and cost > tpm:
+            tok_retry = WINDOW_SECONDS
+        elif tpm is not None and w.token_sum + cost > tpm:
+            need, freed = w.token_sum + cost - tpm, 0
+            for stamp, tokens in w.tokens:
+                freed += tokens
+                if freed >= need:
+                    tok_retry = stamp + WINDOW_SECONDS - now
+                    break
+        allowed = req_retry == 0 and tok_retry == 0
+        if allowed:
+            if rpm is not None:
+                w.requests.append(now)
+            if tpm is not None and cost > 0:
+                w.tokens.append((now, cost))
+                w.token_sum += cost
+        req_reset = w.requests[-1] + WINDOW_SECONDS - now if w.requests else 0.0
+        tok_reset = w.tokens[-1][0] + WINDOW_SECONDS - now if w.tokens else 0.0
+        if not w.requests and not w.tokens:
+            del self._windows[key_id]
+        counts = _Window(
+            allowed, len(w.requests), w.token_sum, req_retry, tok_retry, req_reset, tok_reset
+        )
+        return _decide(limit, counts)
+
+    async def reconcile(self, key_id: str, limit: RateLimit, completion_tokens: int) -> None:
+        if limit.tokens_per_minute is None or completion_tokens <= 0:
+            return
+        now = self._clock()
+        w = self._windows.setdefault(key_id, _KeyWindow())
+        w.trim(now - WINDOW_SECONDS)
+        w.tokens.append((now, completion_tokens))
+        w.token_sum += completion_tokens
+
+    async def close(self) -> None:
+        self._windows.clear()

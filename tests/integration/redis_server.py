@@ -1,0 +1,56 @@
+"""A Redis server owned by one test module, on its own port, so it can be killed and paused."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from tests.integration.server import free_port
+
+
+@dataclass
+class RedisProcess:
+    folder: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is installed by `make test` (scripts/ensure-redis.sh)"
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.folder), "--enable-debug-command", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "test redis did not start"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def pause(self, seconds: float) -> None:
+        """Block the server for `seconds` (DEBUG SLEEP), without waiting for it here."""
+        client = redis.Redis(port=self.port, socket_timeout=seconds + 5)
+        threading.Thread(
+            target=client.execute_command, args=("DEBUG", "SLEEP", str(seconds)), daemon=True
+        ).start()

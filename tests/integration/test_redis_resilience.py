@@ -1,0 +1,123 @@
+"""Rate limits on a real Redis: faults under load, and one limit across two replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluicegate.auth import ApiKeyring
+from tests.integration.redis_server import RedisProcess
+from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+
+BUSY_KEY = "sk-busy-7c1e"  # limits far above what the test sends
+SHARED_KEY = "sk-shared-42d9"  # 60 requests per minute, across replicas
+RPM = 60
+BODY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+def key_id(key: str) -> str:
+    found = ApiKeyring.parse(key).identify(key)
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="module")
+def test_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+def gateway_env(redis_url: str) -> dict[str, str]:
+    overrides = {
+        key_id(BUSY_KEY): {"requests_per_minute": 100_000},
+        key_id(SHARED_KEY): {"requests_per_minute": RPM},
+    }
+    return {
+        "SLUICEGATE_API_KEYS": f"{BUSY_KEY},{SHARED_KEY}",
+        "SLUICEGATE_REDIS_URL": redis_url,
+        "SLUICEGATE_RATE_LIMIT_OVERRIDES": json.dumps(overrides),
+    }
+
+
+@pytest.fixture(scope="module")
+def replica_a(
+    tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
+) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(tmp_path_factory.mktemp("a"), env=gateway_env(test_redis.url))
+    yield gateway
+    gateway.stop()
+
+
+async def test_redis_killed_paused_and_restarted_under_load_fails_nothing(
+    replica_a: GatewayProcess, test_redis: RedisProcess
+) -> None:
+    errors_before = metric_value(replica_a.url, "sluicegate_rate_limit_store_errors_total")
+    statuses: list[int] = []
+    headers_seen: list[bool] = []
+    stop = asyncio.Event()
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            response = await client.post("/v1/chat/completions", json=BODY)
+            statuses.append(response.status_code)
+            headers_seen.append("x-ratelimit-remaining-requests" in response.headers)
+
+    auth = {"authorization": f"Bearer {BUSY_KEY}"}
+    async with httpx.AsyncClient(base_url=replica_a.url, headers=auth, timeout=60) as client:
+        workers = [asyncio.create_task(worker(client)) for _ in range(4)]
+        await asyncio.sleep(2)
+        test_redis.kill()
+        await asyncio.sleep(3)
+        test_redis.start()
+        await asyncio.sleep(3)
+        test_redis.pause(1.5)
+        await asyncio.sleep(3)
+        test_redis.kill()
+        await asyncio.sleep(2)
+        test_redis.start()
+        await asyncio.sleep(4)
+        stop.set()
+        await asyncio.gather(*workers)
+
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    assert metric_value(replica_a.url, "sluicegate_rate_limit_store_errors_total") > errors_before
+    assert all(headers_seen[-4:]), "limits apply again once Redis is back"
+    assert "rate-limit store failed" in await asyncio.to_thread(replica_a.log)
+
+
+def test_two_replicas_share_one_limit(
+    replica_a: GatewayProcess, test_redis: RedisProcess, tmp_path: Path
+) -> None:
+    replica_b = start_gateway(tmp_path, env=gateway_env(test_redis.url))
+    try:
+        auth = {"authorization": f"Bearer {SHARED_KEY}"}
+        admitted = refused = 0
+        started = time.monotonic()
+        replicas = [replica_a.url, replica_b.url]
+        sent = 0
+        # About three requests a second, alternating replicas, for a full minute.
+        while time.monotonic() - started < 60.0:
+            url = replicas[sent % 2]
+            response = httpx.post(f"{url}/v1/chat/completions", json=BODY, headers=auth, timeout=30)
+            sent += 1
+            if response.status_code == 200:
+                admitted += 1
+            else:
+                assert response.status_code == 429, response.text
+                assert int(response.headers["retry-after"]) >= 1
+                refused += 1
+            time.sleep(max(0.0, started + sent / 3 - time.monotonic()))
+        print(f"sent {sent}, admitted {admitted}, refused {refused} in one minute")
+        assert admitted <= RPM + 1
+        assert admitted >= RPM - 5, "the limit was reachable"
+        assert refused > 0
+    finally:
+        replica_b.stop()
