@@ -7,8 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from fastapi import FastAPI
+
+from sluicegate.app import create_app
 from sluicegate.engine.protocol import ChoiceDelta, EngineStep, SamplingOptions
 from sluicegate.errors import EngineUnavailableError, GatewayError
+from sluicegate.lifecycle import Lifecycle
+from sluicegate.settings import Settings
 
 
 class WhitespaceTokenizer:
@@ -72,3 +77,19 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         self.healthy = False
+
+
+FAKE_MODEL = "fake-model"
+
+
+def fake_app(
+    engine: FakeEngine | None = None, lifecycle: Lifecycle | None = None, **settings: object
+) -> FastAPI:
+    """The real app over `engine` (a new FakeEngine by default), serving `fake-model`."""
+    engine = engine or FakeEngine()
+
+    async def factory(_: Settings) -> FakeEngine:
+        return engine
+
+    config = Settings(served_model_name=FAKE_MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
+    return create_app(config, engine_factory=factory, lifecycle=lifecycle)

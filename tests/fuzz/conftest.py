@@ -14,25 +14,18 @@ import httpx
 import pytest
 import uvicorn
 
-from sluicegate.app import create_app
-from sluicegate.settings import Settings
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
 from tests.integration.server import free_port
 
-MODEL = "fake-model"
+MODEL = FAKE_MODEL
 
 
 @pytest.fixture(scope="session")
 def fake_gateway() -> Iterator[str]:
-    engine = FakeEngine(max_model_len=4096)
-
-    async def factory(_: Settings) -> FakeEngine:
-        return engine
-
-    settings = Settings(served_model_name=MODEL, _env_file=None, max_request_bytes=2 * 1024 * 1024)  # type: ignore[call-arg]
+    app = fake_app(FakeEngine(max_model_len=4096), max_request_bytes=2 * 1024 * 1024)
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings, engine_factory=factory),
+        app,
         host="127.0.0.1",
         port=port,
         loop="asyncio",

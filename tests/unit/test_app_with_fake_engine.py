@@ -8,12 +8,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from sluicegate.app import create_app
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
-from sluicegate.settings import Settings
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
 
-MODEL = "fake-model"
+MODEL = FAKE_MODEL
 
 
 @pytest.fixture
@@ -23,11 +21,7 @@ def engine() -> FakeEngine:
 
 @pytest.fixture
 def client(engine: FakeEngine) -> Iterator[TestClient]:
-    async def factory(settings: Settings) -> FakeEngine:
-        return engine
-
-    app = create_app(Settings(served_model_name=MODEL, _env_file=None), engine_factory=factory)  # type: ignore[call-arg]
-    with TestClient(app) as test_client:
+    with TestClient(fake_app(engine)) as test_client:
         yield test_client
 
 

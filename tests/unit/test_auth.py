@@ -11,24 +11,17 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sluicegate.app import create_app
 from sluicegate.auth import ApiKeyError, ApiKeyring, key_id
 from sluicegate.settings import Settings, describe_error
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_MODEL, fake_app
 
-MODEL = "fake-model"
+MODEL = FAKE_MODEL
 GOOD = "sk-good-0123456789"
 OTHER = "sk-other-abcdef"
 
 
 def make_client(**settings: object) -> TestClient:
-    engine = FakeEngine()
-
-    async def factory(_: Settings) -> FakeEngine:
-        return engine
-
-    config = Settings(served_model_name=MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
-    return TestClient(create_app(config, engine_factory=factory))
+    return TestClient(fake_app(**settings))
 
 
 @pytest.fixture

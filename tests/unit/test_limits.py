@@ -15,21 +15,15 @@ from starlette.types import Message, Receive, Scope, Send
 
 from sluicegate.admission import AdmissionMiddleware
 from sluicegate.api.errors import install_error_handlers
-from sluicegate.app import create_app
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.limits import BodyLimitMiddleware
-from sluicegate.settings import Settings
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
 
-MODEL = "fake-model"
+MODEL = FAKE_MODEL
 
 
 def client_for(engine: FakeEngine, **settings: object) -> TestClient:
-    async def factory(_: Settings) -> FakeEngine:
-        return engine
-
-    config = Settings(served_model_name=MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
-    return TestClient(create_app(config, engine_factory=factory))
+    return TestClient(fake_app(engine, **settings))
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -200,13 +194,7 @@ def test_drain_ends_when_its_time_is_up() -> None:
 
 def test_ready_turns_503_while_draining() -> None:
     lifecycle = Lifecycle(drain_timeout=30)
-    engine = FakeEngine()
-
-    async def factory(_: Settings) -> FakeEngine:
-        return engine
-
-    app = create_app(Settings(served_model_name=MODEL, _env_file=None), factory, lifecycle)  # type: ignore[call-arg]
-    with TestClient(app) as client:
+    with TestClient(fake_app(lifecycle=lifecycle)) as client:
         assert client.get("/ready").status_code == 200
         lifecycle.begin_drain()
         response = client.get("/ready")

@@ -8,22 +8,14 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from sluicegate.app import create_app
-from sluicegate.settings import Settings
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_MODEL, fake_app
 
-MODEL = "fake-model"
+MODEL = FAKE_MODEL
 KEY = "sk-quota-test"
 
 
 def client_for(**settings: object) -> TestClient:
-    engine = FakeEngine()
-
-    async def factory(_: Settings) -> FakeEngine:
-        return engine
-
-    config = Settings(served_model_name=MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
-    return TestClient(create_app(config, engine_factory=factory))
+    return TestClient(fake_app(**settings))
 
 
 def chat(**extra: object) -> dict[str, object]:
