@@ -168,9 +168,10 @@ class Settings(BaseSettings):
         description="Skip graph compilation. Unset: on for CPU, off for GPU.",
     )
     cpu_kvcache_space_gib: int | None = Field(
-        default=None,
+        default=4,
         ge=1,
-        description="CPU backend only: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).",
+        description="CPU backend only: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE); "
+        "raise it on large hosts.",
     )
 
     @field_validator("api_keys")

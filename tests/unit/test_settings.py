@@ -26,7 +26,7 @@ def test_defaults_match_the_documented_table() -> None:
     assert s.enable_prefix_caching is True
     assert s.scheduling_policy == "fcfs"
     assert s.dtype == "auto"
-    assert s.enforce_eager is None and s.cpu_kvcache_space_gib is None
+    assert s.enforce_eager is None and s.cpu_kvcache_space_gib == 4
     assert s.model is None and s.model_name == "SmolLM2-135M-Instruct"
 
 
