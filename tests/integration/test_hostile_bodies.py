@@ -31,14 +31,15 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-numbers = st.one_of(
+# Never null: a valid body without max_tokens may generate up to the whole context.
+max_tokens = st.one_of(
     st.integers(min_value=1, max_value=4),
     st.integers(min_value=-(10**12), max_value=0),
     st.integers(min_value=10**6, max_value=10**30),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=5),
-    st.none(),
 )
+numbers = st.one_of(max_tokens, st.none())
 huge_text = st.builds(lambda n, c: c * n, st.integers(0, 300_000), st.sampled_from("aé字\x00 "))
 content = st.one_of(
     st.text(max_size=200),
@@ -59,7 +60,7 @@ chat_body = st.fixed_dictionaries(
     {
         "model": st.one_of(st.just(MODEL_NAME), scalars),
         "messages": st.one_of(st.lists(message, max_size=4), json_values),
-        "max_tokens": numbers,
+        "max_tokens": max_tokens,
     },
     optional={
         "temperature": numbers, "top_p": numbers, "top_k": numbers, "n": numbers,
@@ -74,7 +75,7 @@ completion_body = st.fixed_dictionaries(
         "prompt": st.one_of(
             json_values, huge_text, st.lists(st.integers(-(10**9), 10**9), max_size=5)
         ),
-        "max_tokens": numbers,
+        "max_tokens": max_tokens,
     },
     optional={"logprobs": numbers, "echo": json_values, "n": numbers},
 )
