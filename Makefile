@@ -65,7 +65,7 @@ typecheck: $(DEV_STAMP)
 check: lint typecheck
 
 bench: install $(DEV_STAMP)
-	$(PY) bench/compare_vllm.py
+	$(PY) bench/compare_vllm.py --rounds 2 --prompts-per-slot 4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
