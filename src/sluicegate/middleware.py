@@ -9,6 +9,7 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluicegate.errors import GatewayError
+from sluicegate.observability.metrics import count_error
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Client ids are echoed into headers and logs: accept only short, plain tokens.
@@ -49,6 +50,7 @@ def _client_request_id(scope: Scope) -> str | None:
 
 async def send_error(send: Send, error: GatewayError) -> None:
     """Answer with `error` from pure-ASGI middleware, where FastAPI's handlers don't reach."""
+    count_error(error)
     body = json.dumps(error.to_body()).encode()
     headers = [
         (b"content-type", b"application/json"),

@@ -61,7 +61,9 @@ class SamplingRequest(_Model):
     """Fields shared by chat and text completions."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    # Up to int64, what engines store; larger values are a 400, smaller ones are clamped to
+    # what the context leaves (see budget.py).
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
@@ -79,6 +81,9 @@ class SamplingRequest(_Model):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     logit_bias: dict[str, float] | None = None
+    # sluicegate extension: fit a prompt that leaves too little room (see budget.py).
+    # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).
+    truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -128,7 +133,7 @@ def _refuse_if_set(value: Any, info: ValidationInfo) -> Any:
 
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None

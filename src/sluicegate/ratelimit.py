@@ -28,6 +28,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from sluicegate.observability.metrics import RATE_LIMIT_STORE_ERRORS
+from sluicegate.observability.throttled import ThrottledWarning
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class _MalformedReplyError(Exception):
 
 
 class RedisRateLimiter:
-    """Sliding windows in Redis, shared by every replica. Takes ownership of `client`."""
+    """Sliding windows in Redis, shared by every replica. The client belongs to the caller."""
 
     def __init__(
         self, client: redis.asyncio.Redis, prefix: str = "sluicegate", op_timeout: float = 0.05
@@ -201,8 +202,7 @@ class RedisRateLimiter:
         self._op_timeout = op_timeout
         self._acquire = client.register_script(_ACQUIRE_LUA)
         self._reconcile = client.register_script(_RECONCILE_LUA)
-        self._last_warning = -math.inf
-        self._suppressed = 0
+        self._warning = ThrottledWarning(logger, WARNING_INTERVAL_SECONDS)
 
     def _keys(self, key_id: str) -> list[str]:
         # The hash tag keeps both windows of a key in one Redis Cluster slot, as scripts need.
@@ -246,25 +246,16 @@ class RedisRateLimiter:
             self._failed_open(key_id, exc)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        return None
 
     def _failed_open(self, key_id: str, exc: BaseException) -> None:
         RATE_LIMIT_STORE_ERRORS.inc()
-        now = time.monotonic()
-        # One line per interval: a Redis outage would otherwise log once per request.
-        if now - self._last_warning < WARNING_INTERVAL_SECONDS:
-            self._suppressed += 1
-            return
-        logger.warning(
-            "rate-limit store failed (%s: %s) checking %s; allowing without limits "
-            "(%d more failures since the last warning)",
+        self._warning.warn(
+            "rate-limit store failed (%s: %s) checking %s; allowing without limits",
             type(exc).__name__,
             exc,
             key_id,
-            self._suppressed,
         )
-        self._last_warning = now
-        self._suppressed = 0
 
 
 def _parse_reply(reply: Any) -> list[int]:

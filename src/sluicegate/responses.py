@@ -6,6 +6,9 @@ completions through the same loop; only the JSON shapes differ.
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,11 +18,16 @@ from sluicegate.protocol import ChatLogprobEntry, CompletionLogprobs, Usage
 
 @dataclass(slots=True)
 class ChoiceState:
-    """What one choice has produced so far."""
+    """What one choice has produced so far, delta by delta.
+
+    The deltas are kept as they came (`text_parts`, and with logprobs `logprob_counts` entries
+    of `logprobs` per part), so a cached response replays as a stream shaped like the live one.
+    """
 
     index: int
     text_parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    logprob_counts: list[int] | None = None
     num_tokens: int = 0
     text_length: int = 0
     finish_reason: str | None = None
@@ -27,6 +35,48 @@ class ChoiceState:
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text_parts.append(delta.text)
+        self.text_length += len(delta.text)
+        self.num_tokens += delta.num_tokens
+        if delta.logprobs is not None:
+            if self.logprobs is None or self.logprob_counts is None:
+                self.logprobs, self.logprob_counts = [], [0] * (len(self.text_parts) - 1)
+            self.logprobs.extend(delta.logprobs)
+            self.logprob_counts.append(len(delta.logprobs))
+        elif self.logprob_counts is not None:
+            self.logprob_counts.append(0)
+
+    def deltas(self) -> Iterator[ChoiceDelta]:
+        """The deltas this choice was built from, without token counts or finish reason."""
+        start = 0
+        for i, text in enumerate(self.text_parts):
+            logprobs = None
+            if self.logprobs is not None and self.logprob_counts is not None:
+                end = start + self.logprob_counts[i]
+                logprobs, start = self.logprobs[start:end], end
+            yield ChoiceDelta(self.index, text, 0, None, logprobs)
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything a run produced, independent of the wire format (and what the cache keeps)."""
+
+    choices: list[ChoiceState]
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices)
+
+    @property
+    def usage(self) -> Usage:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [c.finish_reason for c in self.choices]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -48,7 +98,7 @@ class ResponseFormat(Protocol):
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
 
-    def response(self, choices: list[ChoiceState], usage: Usage) -> dict[str, Any]: ...
+    def response(self, completion: Completion) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +155,7 @@ class ChatFormat(_Envelope):
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.usage_body(self.CHUNK, usage)
 
-    def response(self, choices: list[ChoiceState], usage: Usage) -> dict[str, Any]:
+    def response(self, completion: Completion) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -120,10 +170,15 @@ class ChatFormat(_Envelope):
                     else {"content": _chat_logprobs(c.logprobs)},
                     "finish_reason": c.finish_reason,
                 }
-                for c in choices
+                for c in completion.choices
             ],
-            "usage": usage,
+            "usage": completion.usage,
         }
+
+
+def chat_format(model: str, include_usage: bool) -> ChatFormat:
+    """The format of a new chat completion response, with its own id and creation time."""
+    return ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, include_usage)
 
 
 class CompletionFormat(_Envelope):
@@ -152,7 +207,7 @@ class CompletionFormat(_Envelope):
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.usage_body(self.OBJECT, usage)
 
-    def response(self, choices: list[ChoiceState], usage: Usage) -> dict[str, Any]:
+    def response(self, completion: Completion) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": self.OBJECT,
@@ -165,10 +220,15 @@ class CompletionFormat(_Envelope):
                     "logprobs": None if c.logprobs is None else _completion_logprobs(c.logprobs, 0),
                     "finish_reason": c.finish_reason,
                 }
-                for c in choices
+                for c in completion.choices
             ],
-            "usage": usage,
+            "usage": completion.usage,
         }
+
+
+def completion_format(model: str, include_usage: bool) -> CompletionFormat:
+    """The format of a new text completion response, with its own id and creation time."""
+    return CompletionFormat(f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, include_usage)
 
 
 def _chat_logprobs(entries: list[TokenLogprob]) -> list[ChatLogprobEntry]:

@@ -13,12 +13,6 @@ from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
-
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain before its own shutdown.
@@ -59,6 +53,8 @@ def serve(settings: Settings) -> None:
         http="httptools",
         lifespan="on",
         log_level=settings.log_level,
+        # uvicorn's lines go through our handler, in `log_format`; the access log is ours.
+        log_config=None,
         access_log=False,
         # The drain already waited; this only bounds the close of what is left.
         timeout_graceful_shutdown=1,

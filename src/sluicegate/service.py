@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
-from sluicegate.engine.protocol import EngineClient, EngineStep, SamplingOptions
+from sluicegate.budget import BudgetPolicy, BudgetReport, TokenBudget
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    EngineClient,
+    EngineStep,
+    FinishReason,
+    SamplingOptions,
+)
 from sluicegate.errors import (
-    ContextLengthExceededError,
     EngineUnavailableError,
     InvalidRequestError,
     ModelNotFoundError,
 )
+from sluicegate.observability.generation import GenerationTelemetry
 from sluicegate.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from sluicegate.responses import (
     ChatFormat,
     ChoiceState,
-    CompletionFormat,
+    Completion,
     ResponseFormat,
-    usage,
+    chat_format,
+    completion_format,
 )
 from sluicegate.settings import Settings
 from sluicegate.streaming import sse_event
@@ -45,6 +51,7 @@ class Run:
     options: SamplingOptions
     format: ResponseFormat
     include_usage: bool = False
+    budget: BudgetReport | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
@@ -77,10 +84,17 @@ class RequestLimits:
 
 
 class CompletionService:
-    def __init__(self, engine: EngineClient, model_name: str, limits: RequestLimits | None = None):
+    def __init__(
+        self,
+        engine: EngineClient,
+        model_name: str,
+        limits: RequestLimits | None = None,
+        budget: BudgetPolicy | None = None,
+    ):
         self._engine = engine
         self._model_name = model_name
         self._limits = limits or RequestLimits()
+        self._budget_policy = budget or BudgetPolicy()
 
     # ---- preparing ----------------------------------------------------------------------
 
@@ -90,15 +104,20 @@ class CompletionService:
             raise InvalidRequestError(
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
             )
+        self._check_sampling(request)
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
         ]
-        prompt = await self._engine.tokenizer.encode_chat(messages)
-        run_id = f"chatcmpl-{uuid.uuid4().hex}"
-        fmt = ChatFormat(run_id, int(time.time()), self._model_name, request.include_usage)
-        options = self._options(request, [prompt], "messages")
-        return Run(run_id, [prompt], options, fmt, request.include_usage)
+        fitted = await self._budget().fit_chat(
+            messages,
+            max_tokens=request.completion_limit(),
+            min_tokens=request.min_tokens,
+            truncation=request.truncation,
+        )
+        fmt = chat_format(self._model_name, request.include_usage)
+        options = self._options(request, fitted.max_tokens)
+        return Run(fmt.id, fitted.prompts, options, fmt, request.include_usage, fitted.report)
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         self._check_model(request.model)
@@ -108,11 +127,24 @@ class CompletionService:
             raise InvalidRequestError(
                 f"At most {self._limits.max_prompts} prompts are accepted.", param="prompt"
             )
+        self._check_sampling(request)
         prompts = await self._encode_prompts(request.prompt)
-        run_id = f"cmpl-{uuid.uuid4().hex}"
-        fmt = CompletionFormat(run_id, int(time.time()), self._model_name, request.include_usage)
-        options = self._options(request, prompts, "prompt")
-        return Run(run_id, prompts, options, fmt, request.include_usage)
+        as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
+        fitted = await self._budget().fit_prompts(
+            prompts,
+            max_tokens=request.completion_limit(),
+            min_tokens=request.min_tokens,
+            truncation=request.truncation,
+            # Text prompts keep the special tokens the tokenizer puts first (a BOS).
+            keep_prefix=len(await self._engine.tokenizer.encode("")) if as_text else 0,
+        )
+        fmt = completion_format(self._model_name, request.include_usage)
+        options = self._options(request, fitted.max_tokens)
+        return Run(fmt.id, fitted.prompts, options, fmt, request.include_usage, fitted.report)
+
+    def _budget(self) -> TokenBudget:
+        engine = self._engine
+        return TokenBudget(engine.tokenizer, engine.max_model_len, self._budget_policy)
 
     def _check_model(self, model: str) -> None:
         if model != self._model_name:
@@ -141,14 +173,8 @@ class CompletionService:
                 )
         return token_lists  # type: ignore[return-value]
 
-    def _options(
-        self,
-        request: SamplingRequest,
-        prompts: list[list[int]],
-        prompt_param: str,
-    ) -> SamplingOptions:
-        limit = self._engine.max_model_len
-        longest = max(len(p) for p in prompts)
+    def _check_sampling(self, request: SamplingRequest) -> None:
+        """The request's own bounds, checked before any tokenizing."""
         requested = request.completion_limit()
         limits = self._limits
         if request.n > limits.max_n:
@@ -161,25 +187,18 @@ class CompletionService:
             raise InvalidRequestError(
                 f"max_tokens must be at most {limits.max_tokens}.", param="max_tokens"
             )
-        if longest >= limit or (requested is not None and longest + requested > limit):
-            wanted = longest + (requested or 1)
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {wanted} tokens ({longest} in the {prompt_param}, "
-                f"{requested or 1} in the completion). Please reduce the length of the "
-                f"{prompt_param} or completion.",
-                param=prompt_param,
-            )
-        temperature = _or(request.temperature, 1.0)
-        if request.n > 1 and (temperature == 0 or request.top_k == 1):
+        if request.n > 1 and (_or(request.temperature, 1.0) == 0 or request.top_k == 1):
             raise InvalidRequestError(
                 "n must be 1 with greedy sampling (temperature 0 or top_k 1): "
                 "every choice would be the same",
                 param="n",
             )
+
+    def _options(self, request: SamplingRequest, max_tokens: int) -> SamplingOptions:
+        """The engine's sampling options; `max_tokens` is what the token budget gave."""
         return SamplingOptions(
-            max_tokens=requested if requested is not None else limit - longest,
-            temperature=temperature,
+            max_tokens=max_tokens,
+            temperature=_or(request.temperature, 1.0),
             top_p=_or(request.top_p, 1.0),
             top_k=_or(request.top_k, 0),
             min_p=_or(request.min_p, 0.0),
@@ -196,70 +215,132 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def collect(self, run: Run) -> dict[str, Any]:
-        """Run to completion and return the OpenAI response body."""
+    async def collect(self, run: Run) -> Completion:
+        """Run to completion; `run.format.response(completion)` is the OpenAI body."""
         choices = {
             run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
             for p in range(len(run.prompts))
             for i in range(run.options.n)
         }
-        with_logprobs = run.options.logprobs is not None
         async for prompt_index, step in self._steps(run):
             for delta in step.choices:
                 state = choices[run.choice_index(prompt_index, delta.index)]
-                state.text_parts.append(delta.text)
-                state.num_tokens += delta.num_tokens
-                if with_logprobs:
-                    if state.logprobs is None:
-                        state.logprobs = []
-                    state.logprobs.extend(delta.logprobs or ())
+                state.add(delta)
                 if delta.finish_reason is not None:
                     state.finish_reason = _checked_finish(delta.finish_reason)
-        ordered = [choices[k] for k in sorted(choices)]
-        completion_tokens = sum(c.num_tokens for c in ordered)
-        return run.format.response(ordered, usage(run.prompt_tokens, completion_tokens))
+        return Completion([choices[k] for k in sorted(choices)], run.prompt_tokens)
 
-    async def stream(
-        self, run: Run, on_finish: Callable[[int], Awaitable[None]] | None = None
+    def stream(
+        self, run: Run, on_finish: Callable[[Completion], Awaitable[None]] | None = None
     ) -> AsyncGenerator[bytes, None]:
         """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
 
-        `on_finish` gets the completion token count once the run has ended normally."""
-        fmt = run.format
-        states: dict[int, ChoiceState] = {}
-        completion_tokens = 0
-        async for prompt_index, step in self._steps(run):
-            for delta in step.choices:
-                index = run.choice_index(prompt_index, delta.index)
-                delta.index = index
-                state = states.get(index)
-                if state is None:
-                    state = states[index] = ChoiceState(index)
-                    first = fmt.first_chunk(index)
-                    if first is not None:
-                        yield sse_event(first)
-                completion_tokens += delta.num_tokens
-                state.text_length += len(delta.text)
-                if delta.text or delta.logprobs:
-                    yield sse_event(fmt.delta_chunk(state, delta))
-                if delta.finish_reason is not None:
-                    yield sse_event(fmt.finish_chunk(index, _checked_finish(delta.finish_reason)))
-        if run.include_usage:
-            yield sse_event(fmt.usage_chunk(usage(run.prompt_tokens, completion_tokens)))
-        if on_finish is not None:
-            await on_finish(completion_tokens)
+        `on_finish` gets what the run produced once it has ended normally."""
+        return _events(run, self._steps(run), on_finish)
 
-    async def _steps(self, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
-        """Engine steps of every prompt of the run, tagged with the prompt's index."""
-        if len(run.prompts) == 1:
-            async with contextlib.aclosing(
-                self._engine.generate(run.engine_request_id(0), run.prompts[0], run.options)
-            ) as steps:
-                async for step in steps:
-                    yield 0, step
-            return
-        async for item in _merge(self._engine, run):
-            yield item
+    def replay(
+        self,
+        run: Run,
+        completion: Completion,
+        on_finish: Callable[[Completion], Awaitable[None]] | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """The events `stream` sent when `completion` was produced: the same deltas again."""
+        return _replay(run, completion, on_finish)
+
+    async def _steps(self, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
+        """Engine steps of every prompt of the run, tagged with the prompt's index.
+
+        Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
+        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        with GenerationTelemetry(
+            operation, self._model_name, run.id, run.prompt_tokens, run.options
+        ) as telemetry:
+            if len(run.prompts) == 1:
+                async with contextlib.aclosing(
+                    self._engine.generate(run.engine_request_id(0), run.prompts[0], run.options)
+                ) as steps:
+                    async for step in steps:
+                        telemetry.step(0, step)
+                        yield 0, step
+                return
+            async for prompt_index, step in _merge(self._engine, run):
+                telemetry.step(prompt_index, step)
+                yield prompt_index, step
+
+
+class EventWriter:
+    """Turns choice deltas into SSE events in a response format, and keeps what they made."""
+
+    def __init__(self, fmt: ResponseFormat) -> None:
+        self._fmt = fmt
+        self._states: dict[int, ChoiceState] = {}
+
+    def events(self, delta: ChoiceDelta) -> Iterator[bytes]:
+        """The events for one delta; `delta.index` is the choice's index in the response."""
+        fmt, index = self._fmt, delta.index
+        state = self._states.get(index)
+        if state is None:
+            state = self._states[index] = ChoiceState(index)
+            first = fmt.first_chunk(index)
+            if first is not None:
+                yield sse_event(first)
+        state.add(delta)
+        if delta.text or delta.logprobs:
+            yield sse_event(fmt.delta_chunk(state, delta))
+        if delta.finish_reason is not None:
+            state.finish_reason = _checked_finish(delta.finish_reason)
+            yield sse_event(fmt.finish_chunk(index, state.finish_reason))
+
+    def completion(self, prompt_tokens: int) -> Completion:
+        return Completion([self._states[k] for k in sorted(self._states)], prompt_tokens)
+
+    def usage_event(self, completion: Completion) -> bytes:
+        return sse_event(self._fmt.usage_chunk(completion.usage))
+
+
+def replay_events(fmt: ResponseFormat, completion: Completion, include_usage: bool) -> bytes:
+    """The events a stream sent when it produced `completion`, delta for delta, in one piece
+    (without `[DONE]`). The stream is complete, so nothing is gained by sending it in parts."""
+    writer = EventWriter(fmt)
+    events: list[bytes] = []
+    for choice in completion.choices:
+        for delta in choice.deltas():
+            events.extend(writer.events(delta))
+        finish = cast(FinishReason | None, choice.finish_reason)
+        events.extend(writer.events(ChoiceDelta(choice.index, "", choice.num_tokens, finish)))
+    if include_usage:
+        events.append(writer.usage_event(completion))
+    return b"".join(events)
+
+
+async def _events(
+    run: Run,
+    steps: AsyncGenerator[tuple[int, EngineStep], None],
+    on_finish: Callable[[Completion], Awaitable[None]] | None,
+) -> AsyncGenerator[bytes, None]:
+    """SSE events from engine steps; the steps are closed (aborting the run) with the events."""
+    writer = EventWriter(run.format)
+    async with contextlib.aclosing(steps):
+        async for prompt_index, step in steps:
+            for delta in step.choices:
+                delta.index = run.choice_index(prompt_index, delta.index)
+                for event in writer.events(delta):
+                    yield event
+    completion = writer.completion(run.prompt_tokens)
+    if run.include_usage:
+        yield writer.usage_event(completion)
+    if on_finish is not None:
+        await on_finish(completion)
+
+
+async def _replay(
+    run: Run,
+    completion: Completion,
+    on_finish: Callable[[Completion], Awaitable[None]] | None,
+) -> AsyncGenerator[bytes, None]:
+    yield replay_events(run.format, completion, run.include_usage)
+    if on_finish is not None:
+        await on_finish(completion)
 
 
 async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level."
     )
+    log_format: Literal["plain", "json"] = Field(
+        default="plain",
+        description="`plain` lines, or one JSON object per line (ours and uvicorn's logs, "
+        "including the access log).",
+    )
 
     # --- access ----------------------------------------------------------------------
     api_keys: SecretStr | None = Field(
@@ -96,8 +101,8 @@ class Settings(BaseSettings):
     # --- redis and rate limits -------------------------------------------------------
     redis_url: SecretStr | None = Field(
         default=None,
-        description="redis://, rediss:// or unix:// URL (may hold a password). Unset: "
-        "rate limits are kept in this process.",
+        description="redis://, rediss:// or unix:// URL (may hold a user and password). "
+        "Unset: the cache and rate limits are kept in this process.",
     )
     rate_limit_requests_per_minute: int | None = Field(
         default=None, ge=1, description="Default requests per minute per API key. Unset: none."
@@ -113,6 +118,62 @@ class Settings(BaseSettings):
     )
     rate_limit_redis_timeout: float = Field(
         default=0.25, gt=0, description="Seconds a rate-limit check may wait for Redis."
+    )
+    redis_key_prefix: str = Field(
+        default="sluicegate",
+        min_length=1,
+        description="Prefix of every Redis key the gateway writes (cache, locks, rate limits).",
+    )
+
+    # --- response cache --------------------------------------------------------------
+    cache_policy: Literal["off", "deterministic", "all"] = Field(
+        default="deterministic",
+        description="Which responses are cached: `deterministic` (temperature 0, top_k 1 or "
+        "a seed), `all`, or `off`.",
+    )
+    cache_per_api_key: bool = Field(
+        default=False, description="Keep cache entries apart per API key instead of sharing."
+    )
+    cache_ttl_seconds: float = Field(
+        default=600.0, gt=0, description="Base TTL of a cache entry, scaled by engine latency."
+    )
+    cache_ttl_min_seconds: float = Field(default=30.0, gt=0, description="Shortest entry TTL.")
+    cache_ttl_max_seconds: float = Field(default=3600.0, gt=0, description="Longest entry TTL.")
+    cache_ttl_fast_latency: float = Field(
+        default=0.2, ge=0, description="Average generation seconds below which TTL is raised."
+    )
+    cache_ttl_slow_latency: float = Field(
+        default=0.8, ge=0, description="Average generation seconds above which TTL is lowered."
+    )
+    cache_ttl_fast_factor: float = Field(
+        default=3.0, gt=0, description="TTL multiplier while generation is fast."
+    )
+    cache_ttl_slow_factor: float = Field(
+        default=0.5, gt=0, description="TTL multiplier while generation is slow."
+    )
+    cache_ttl_jitter: float = Field(
+        default=0.1, ge=0, lt=1, description="Random spread of each TTL (0.1: ±10%)."
+    )
+    cache_memory_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="Size bound of the in-process cache (used when no Redis URL is set).",
+    )
+    cache_max_entry_bytes: int = Field(
+        default=1024 * 1024, ge=1, description="Larger responses are not cached."
+    )
+    cache_redis_timeout: float = Field(
+        default=0.05, gt=0, description="Seconds one cache operation may wait for Redis."
+    )
+    cache_flight_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an identical request waits for one in flight before generating.",
+    )
+    cache_retry_interval: float = Field(
+        default=1.0,
+        ge=0,
+        description="After a Redis failure, seconds the cache is skipped before trying again.",
     )
 
     # --- limits ----------------------------------------------------------------------
@@ -141,6 +202,39 @@ class Settings(BaseSettings):
     )
     stream_stall_timeout: float = Field(
         default=60.0, gt=0, description="Seconds a stream may go without an event before it ends."
+    )
+
+    # --- token budget ----------------------------------------------------------------
+    truncation: Literal["auto", "disabled"] = Field(
+        default="auto",
+        description="Chat requests that leave the completion less than its minimum: `auto` "
+        "truncates the conversation, `disabled` answers 400. A request's `truncation` wins.",
+    )
+    completion_truncation: Literal["auto", "disabled"] = Field(
+        default="disabled",
+        description="The same for /v1/completions: `auto` cuts the start of a prompt that is "
+        "too long and keeps its end.",
+    )
+    budget_reserve_ratio: float = Field(
+        default=0.3,
+        ge=0,
+        lt=1,
+        description="Without a client max_tokens, the share of the context left after the "
+        "prompt that the completion does not get.",
+    )
+    budget_default_max_tokens: int = Field(
+        default=4096, ge=1, description="Most tokens a completion gets without a max_tokens."
+    )
+    budget_min_completion_tokens: int = Field(
+        default=16,
+        ge=1,
+        description="Completion tokens the prompt must always leave (or the client's smaller "
+        "max_tokens); a longer prompt is truncated.",
+    )
+    max_tokens_overflow: Literal["clamp", "error"] = Field(
+        default="clamp",
+        description="A max_tokens above what the context leaves: `clamp` lowers it, `error` "
+        "answers 400 context_length_exceeded.",
     )
 
     # --- engine ----------------------------------------------------------------------
@@ -182,11 +276,20 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check_lengths(self) -> Settings:
+    def _check_ranges(self) -> Settings:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 "max_num_batched_tokens must be at least max_num_seqs "
                 f"({self.max_num_batched_tokens} < {self.max_num_seqs})"
+            )
+        if self.cache_ttl_min_seconds > self.cache_ttl_max_seconds:
+            raise ValueError("cache_ttl_min_seconds must not exceed cache_ttl_max_seconds")
+        if self.cache_ttl_fast_latency > self.cache_ttl_slow_latency:
+            raise ValueError("cache_ttl_fast_latency must not exceed cache_ttl_slow_latency")
+        if self.budget_min_completion_tokens >= self.max_model_len:
+            raise ValueError(
+                "budget_min_completion_tokens must be below max_model_len "
+                f"({self.budget_min_completion_tokens} >= {self.max_model_len})"
             )
         return self
 

@@ -22,14 +22,31 @@ def base_url(gateway: GatewayProcess) -> str:
     return gateway.url
 
 
+# The shared clients skip cache lookups, so tests of engine behaviour (seeds, streamed equals
+# non-streamed, ...) reach the engine every time. Cache tests make their own clients.
+BYPASS_CACHE = {"Cache-Control": "no-cache"}
+
+
 @pytest.fixture(scope="session")
 def client(base_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
+        default_headers=BYPASS_CACHE,
+    )
 
 
 @pytest.fixture
 def aclient(base_url: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return AsyncOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=300,
+        default_headers=BYPASS_CACHE,
+    )
 
 
 @pytest.fixture(scope="session")

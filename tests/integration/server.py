@@ -47,26 +47,35 @@ class GatewayProcess:
         return int(self.process.returncode)
 
 
-def start_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> GatewayProcess:
-    port = free_port()
-    log_path = log_dir / f"gateway-{port}.log"
-    full_env = {
+def gateway_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every test gateway runs with: offline, small KV cache and context."""
+    return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "SLUICEGATE_CPU_KVCACHE_SPACE_GIB": "2",
         "SLUICEGATE_MAX_MODEL_LEN": "2048",
-        **(env or {}),
+        **(extra or {}),
     }
+
+
+def start_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> GatewayProcess:
+    port = free_port()
+    log_path = log_dir / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "sluicegate", "serve", "--port", str(port), *flags],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=full_env,
+            env=gateway_env(env),
             start_new_session=True,
         )
-    gateway = GatewayProcess(process, port, log_path)
+    return wait_until_ready(GatewayProcess(process, port, log_path))
+
+
+def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
+    """Wait for `/ready` to answer 200; stop the process and raise if it exits or times out."""
+    process = gateway.process
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

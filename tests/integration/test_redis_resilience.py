@@ -1,4 +1,5 @@
-"""Rate limits on a real Redis: faults under load, and one limit across two replicas."""
+"""Gateways on a real Redis (their own server, so it can be killed): rate limits and the
+response cache through Redis faults under load, and both shared by two replicas."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +19,15 @@ BUSY_KEY = "sk-busy-7c1e"  # limits far above what the test sends
 SHARED_KEY = "sk-shared-42d9"  # 60 requests per minute, across replicas
 RPM = 60
 BODY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+def cacheable(text: str, max_tokens: int = 4) -> dict[str, object]:
+    return {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
 
 
 def key_id(key: str) -> str:
@@ -44,6 +53,9 @@ def gateway_env(redis_url: str) -> dict[str, str]:
         "SLUICEGATE_API_KEYS": f"{BUSY_KEY},{SHARED_KEY}",
         "SLUICEGATE_REDIS_URL": redis_url,
         "SLUICEGATE_RATE_LIMIT_OVERRIDES": json.dumps(overrides),
+        # Above the default 50 ms: a busy 2-core machine (two engines, fifty requests at
+        # once) must not turn a slow event loop into a counted miss. Pauses are far longer.
+        "SLUICEGATE_CACHE_REDIS_TIMEOUT": "0.25",
     }
 
 
@@ -56,23 +68,38 @@ def replica_a(
     gateway.stop()
 
 
+@pytest.fixture(scope="module")
+def replica_b(
+    tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
+) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(tmp_path_factory.mktemp("b"), env=gateway_env(test_redis.url))
+    yield gateway
+    gateway.stop()
+
+
 async def test_redis_killed_paused_and_restarted_under_load_fails_nothing(
     replica_a: GatewayProcess, test_redis: RedisProcess
 ) -> None:
     errors_before = metric_value(replica_a.url, "sluicegate_rate_limit_store_errors_total")
+    cache_errors_before = metric_value(replica_a.url, "sluicegate_cache_store_errors_total")
     statuses: list[int] = []
     headers_seen: list[bool] = []
     stop = asyncio.Event()
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: httpx.AsyncClient, index: int) -> None:
+        sent = 0
         while not stop.is_set():
-            response = await client.post("/v1/chat/completions", json=BODY)
+            # Half the workers send cacheable requests (a few distinct prompts, so there are
+            # hits, misses and writes all through the faults); the others are never cached.
+            body = cacheable(f"Count to {sent % 3} please.") if index % 2 else BODY
+            response = await client.post("/v1/chat/completions", json=body)
             statuses.append(response.status_code)
             headers_seen.append("x-ratelimit-remaining-requests" in response.headers)
+            sent += 1
 
     auth = {"authorization": f"Bearer {BUSY_KEY}"}
     async with httpx.AsyncClient(base_url=replica_a.url, headers=auth, timeout=60) as client:
-        workers = [asyncio.create_task(worker(client)) for _ in range(4)]
+        workers = [asyncio.create_task(worker(client, i)) for i in range(4)]
         await asyncio.sleep(2)
         test_redis.kill()
         await asyncio.sleep(3)
@@ -90,34 +117,61 @@ async def test_redis_killed_paused_and_restarted_under_load_fails_nothing(
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
     assert metric_value(replica_a.url, "sluicegate_rate_limit_store_errors_total") > errors_before
     assert all(headers_seen[-4:]), "limits apply again once Redis is back"
-    assert "rate-limit store failed" in await asyncio.to_thread(replica_a.log)
+    log = await asyncio.to_thread(replica_a.log)
+    assert "rate-limit store failed" in log and "cache store" in log
+    assert metric_value(replica_a.url, "sluicegate_cache_store_errors_total") > cache_errors_before
+
+    # Caching resumed: a new prompt is stored in the restarted Redis and then served from it.
+    async with httpx.AsyncClient(base_url=replica_a.url, headers=auth, timeout=60) as client:
+        body = cacheable("After the restart, name a colour.")
+        first = await client.post("/v1/chat/completions", json=body)
+        second = await client.post("/v1/chat/completions", json=body)
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "HIT")
+    assert second.json()["choices"] == first.json()["choices"]
 
 
-def test_two_replicas_share_one_limit(
-    replica_a: GatewayProcess, test_redis: RedisProcess, tmp_path: Path
+async def test_fifty_identical_requests_on_two_replicas_generate_once(
+    replica_a: GatewayProcess, replica_b: GatewayProcess
 ) -> None:
-    replica_b = start_gateway(tmp_path, env=gateway_env(test_redis.url))
-    try:
-        auth = {"authorization": f"Bearer {SHARED_KEY}"}
-        admitted = refused = 0
-        started = time.monotonic()
-        replicas = [replica_a.url, replica_b.url]
-        sent = 0
-        # About three requests a second, alternating replicas, for a full minute.
-        while time.monotonic() - started < 60.0:
-            url = replicas[sent % 2]
-            response = httpx.post(f"{url}/v1/chat/completions", json=BODY, headers=auth, timeout=30)
-            sent += 1
-            if response.status_code == 200:
-                admitted += 1
-            else:
-                assert response.status_code == 429, response.text
-                assert int(response.headers["retry-after"]) >= 1
-                refused += 1
-            time.sleep(max(0.0, started + sent / 3 - time.monotonic()))
-        print(f"sent {sent}, admitted {admitted}, refused {refused} in one minute")
-        assert admitted <= RPM + 1
-        assert admitted >= RPM - 5, "the limit was reachable"
-        assert refused > 0
-    finally:
-        replica_b.stop()
+    """Single flight across processes: one replica generates; the other waits on its lock."""
+    replicas = (replica_a, replica_b)
+    generated = "vllm:request_success_total"
+    before = [metric_value(r.url, generated) for r in replicas]
+    body = cacheable("Write one sentence about rivers.", max_tokens=48)
+    auth = {"authorization": f"Bearer {BUSY_KEY}"}
+    async with (
+        httpx.AsyncClient(base_url=replica_a.url, headers=auth, timeout=120) as a,
+        httpx.AsyncClient(base_url=replica_b.url, headers=auth, timeout=120) as b,
+    ):
+        responses = await asyncio.gather(
+            *((a, b)[i % 2].post("/v1/chat/completions", json=body) for i in range(50))
+        )
+    assert [r.status_code for r in responses] == [200] * 50
+    after = [metric_value(r.url, generated) for r in replicas]
+    assert sum(after) - sum(before) == 1, (before, after)
+    assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]
+    assert len({json.dumps(r.json()["choices"]) for r in responses}) == 1
+
+
+def test_two_replicas_share_one_limit(replica_a: GatewayProcess, replica_b: GatewayProcess) -> None:
+    auth = {"authorization": f"Bearer {SHARED_KEY}"}
+    admitted = refused = 0
+    started = time.monotonic()
+    replicas = [replica_a.url, replica_b.url]
+    sent = 0
+    # About three requests a second, alternating replicas, for a full minute.
+    while time.monotonic() - started < 60.0:
+        url = replicas[sent % 2]
+        response = httpx.post(f"{url}/v1/chat/completions", json=BODY, headers=auth, timeout=30)
+        sent += 1
+        if response.status_code == 200:
+            admitted += 1
+        else:
+            assert response.status_code == 429, response.text
+            assert int(response.headers["retry-after"]) >= 1
+            refused += 1
+        time.sleep(max(0.0, started + sent / 3 - time.monotonic()))
+    print(f"sent {sent}, admitted {admitted}, refused {refused} in one minute")
+    assert admitted <= RPM + 1
+    assert admitted >= RPM - 5, "the limit was reachable"
+    assert refused > 0

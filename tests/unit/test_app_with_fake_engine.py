@@ -47,12 +47,13 @@ def test_non_streamed_chat_response_shape(client: TestClient) -> None:
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
 
 
-def test_default_max_tokens_is_what_the_context_leaves(
+def test_default_max_tokens_is_a_share_of_what_the_context_leaves(
     client: TestClient, engine: FakeEngine
 ) -> None:
     client.post("/v1/chat/completions", json=chat_body())
     _, prompt, options = engine.requests[-1]
-    assert options.max_tokens == engine.max_model_len - len(prompt)
+    # The default reserve ratio holds back 30% of what the prompt leaves.
+    assert options.max_tokens == int((engine.max_model_len - len(prompt)) * 0.7)
     assert (options.temperature, options.top_p, options.n) == (1.0, 1.0, 1)
 
 
@@ -151,8 +152,18 @@ def test_ready_follows_engine_health(client: TestClient, engine: FakeEngine) -> 
     assert client.get("/health").status_code == 200
 
 
-def test_context_length_error_names_the_numbers(client: TestClient) -> None:
+def test_max_tokens_over_the_context_is_clamped(client: TestClient, engine: FakeEngine) -> None:
     response = client.post("/v1/chat/completions", json=chat_body(max_tokens=100))
+    assert response.status_code == 200
+    _, prompt, options = engine.requests[-1]
+    assert options.max_tokens == engine.max_model_len - len(prompt) == 61
+    assert response.headers["x-budget-max-tokens"] == "61"
+    assert response.headers["x-budget-max-tokens-source"] == "clamped"
+
+
+def test_context_length_error_names_the_numbers(engine: FakeEngine) -> None:
+    with TestClient(fake_app(engine, max_tokens_overflow="error")) as client:
+        response = client.post("/v1/chat/completions", json=chat_body(max_tokens=100))
     error = response.json()["error"]
     assert response.status_code == 400
     assert error["code"] == "context_length_exceeded"

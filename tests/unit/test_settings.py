@@ -109,3 +109,26 @@ def test_readme_lists_every_setting_with_its_default() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in Settings.model_fields:
         assert f"| `{name.upper()}` |" in readme, f"README lacks SLUICEGATE_{name.upper()}"
+
+
+def test_token_budget_defaults_and_refused_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings()
+    assert (s.truncation, s.completion_truncation, s.max_tokens_overflow) == (
+        "auto",
+        "disabled",
+        "clamp",
+    )
+    assert (s.budget_reserve_ratio, s.budget_default_max_tokens) == (0.3, 4096)
+    assert s.budget_min_completion_tokens == 16
+    monkeypatch.setenv("SLUICEGATE_BUDGET_RESERVE_RATIO", "1")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert "SLUICEGATE_BUDGET_RESERVE_RATIO" in describe_error(caught.value)
+    monkeypatch.delenv("SLUICEGATE_BUDGET_RESERVE_RATIO")
+    monkeypatch.setenv("SLUICEGATE_MAX_MODEL_LEN", "64")
+    monkeypatch.setenv("SLUICEGATE_BUDGET_MIN_COMPLETION_TOKENS", "64")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    assert "budget_min_completion_tokens must be below max_model_len" in describe_error(
+        caught.value
+    )

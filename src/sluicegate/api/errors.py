@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from sluicegate.errors import GatewayError, error_body
-from sluicegate.observability.metrics import count_error
+from sluicegate.observability.metrics import count_error, count_error_kind
 from sluicegate.streaming import ClientDisconnected
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "invalid JSON")
         message = f"We could not parse the JSON body of your request: {detail}."
+        count_error_kind("invalid_request_error", None)
         return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
     param = validation_param(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -54,6 +55,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     else:
         message = f"Invalid request body: {msg}."
     body = error_body(message, "invalid_request_error", param or None, "invalid_value")
+    count_error_kind("invalid_request_error", "invalid_value")
     return JSONResponse(body, status_code=400)
 
 
@@ -78,6 +80,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     else:
         message = str(exc.detail)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    count_error_kind(kind, code)
     return JSONResponse(
         error_body(message, kind, None, code),
         status_code=exc.status_code,
@@ -92,4 +95,5 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    count_error_kind(GatewayError.error_type, None)
     return JSONResponse(GatewayError().to_body(), status_code=500)

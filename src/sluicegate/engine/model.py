@@ -7,6 +7,7 @@ dequantizes it once into a Hugging Face safetensors folder under the model cache
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -47,6 +48,28 @@ def resolve_model(settings: Settings) -> str:
     if settings.model.startswith(("/", ".", "~")) or settings.model.count("/") > 1:
         raise ModelError(f"model folder {settings.model} does not exist")
     return settings.model  # a hub id: vLLM resolves it (where the host has hub access)
+
+
+def model_identity(settings: Settings) -> str:
+    """What distinguishes this model's outputs from another's, for cache keys.
+
+    For a folder: a digest of its configuration, tokenizer and weight files (names, sizes,
+    modification times), so replacing the model in place changes it. For a hub id: the id and
+    revision. Reads files: call it off the event loop."""
+    folder = bundled_model_dir(settings) if settings.model is None else Path(settings.model)
+    folder = folder.expanduser()
+    if not folder.is_dir():
+        return f"{settings.model or DEFAULT_MODEL_NAME}@{settings.revision or 'default'}"
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if not path.is_file():
+            continue
+        if path.suffix == ".json" or path.name.startswith("tokenizer"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        else:
+            stat = path.stat()
+            digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return f"{folder.name}@sha256:{digest.hexdigest()[:32]}"
 
 
 def check_model_folder(path: Path) -> None:

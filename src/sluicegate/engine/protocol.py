@@ -61,6 +61,22 @@ class EngineStep:
     finished: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ChatEncoding:
+    """A chat prompt's token ids, and which of them each message accounts for.
+
+    `message_tokens[i]` counts the ids message i adds: its content and the template's framing
+    before it (role header, the previous message's end marker). `content_tokens[i]` is the
+    content's share. Ids after the last content (closing markers, the generation prompt) are
+    in neither. For templates that do not copy contents verbatim the split is an estimate;
+    `ids` are always exact.
+    """
+
+    ids: list[int]
+    message_tokens: tuple[int, ...]
+    content_tokens: tuple[int, ...]
+
+
 class PromptTokenizer(Protocol):
     """Turns requests into the token ids the engine receives."""
 
@@ -69,6 +85,14 @@ class PromptTokenizer(Protocol):
 
     async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Apply the model's chat template with a generation prompt, then tokenize."""
+        ...
+
+    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+        """`encode_chat`, with the ids attributed to the messages (for the token budget)."""
+        ...
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        """Token counts of texts as parts of a prompt (no special tokens added)."""
         ...
 
     async def encode(self, text: str) -> list[int]:

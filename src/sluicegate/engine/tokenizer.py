@@ -1,20 +1,59 @@
 """Prompt tokenization with the model's own tokenizer and chat template.
 
 Short inputs are encoded inline: a thread hop would cost more than the work. Long ones go to
-a single worker thread, so a 100k-character prompt never stalls the event loop.
+a single worker thread, so a 100k-character prompt never stalls the event loop. (Hugging
+Face's fast tokenizers release the GIL while they encode, so the loop keeps running.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import dataclasses
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
+
+from sluicegate.engine.protocol import ChatEncoding
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # Characters above which encoding moves off the event loop (~0.2 ms of work inline).
 INLINE_LIMIT_CHARS = 2048
+# Bounds of the memo of recent chat encodings.
+MEMO_MAX_ENTRIES = 2048
+MEMO_MAX_CHARS = 8 * 1024 * 1024  # about 2M tokens held, some 20 MiB with their lists
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _Memo(Generic[K, V]):
+    """Least recently used results, bounded in entries and in the size of their inputs."""
+
+    def __init__(self, max_entries: int, max_size: int) -> None:
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_size = max_size
+        self._size = 0
+
+    def get(self, key: K) -> V | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: K, value: V, size: int) -> None:
+        if size > self._max_size or key in self._entries:
+            return
+        self._entries[key] = (value, size)
+        self._size += size
+        while self._size > self._max_size or len(self._entries) > self._max_entries:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._size -= dropped
 
 
 class HFPromptTokenizer:
@@ -24,8 +63,19 @@ class HFPromptTokenizer:
         self._tokenizer = tokenizer
         self._inline_limit = inline_limit_chars
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        # A fast tokenizer's Rust core, called directly where only lengths and offsets are
+        # needed: Hugging Face's wrapper would convert every encoding to Python lists first.
+        self._backend = (
+            getattr(tokenizer, "backend_tokenizer", None)
+            if getattr(tokenizer, "is_fast", False)
+            else None
+        )
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the model's tokenizer has no chat template")
+        # Repeated conversations (retries, agents, cache hits) skip the template and encoding.
+        self._memo: _Memo[tuple[tuple[str, str], ...], ChatEncoding] = _Memo(
+            MEMO_MAX_ENTRIES, MEMO_MAX_CHARS
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -35,8 +85,22 @@ class HFPromptTokenizer:
         size = sum(len(m["content"]) for m in messages)
         return await self._run(size, self._encode_chat_sync, messages)
 
+    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+        key = tuple((m["role"], m["content"]) for m in messages)
+        found = self._memo.get(key)
+        if found is not None:
+            # A list of its own: the ids become the run's prompt.
+            return dataclasses.replace(found, ids=list(found.ids))
+        size = sum(len(m["content"]) for m in messages)
+        encoding = await self._run(size, self._encode_chat_counted_sync, messages)
+        self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
+        return encoding
+
     async def encode(self, text: str) -> list[int]:
         return await self._run(len(text), self._encode_sync, text)
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        return await self._run(sum(len(t) for t in texts), self._count_sync, texts)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))
@@ -44,19 +108,86 @@ class HFPromptTokenizer:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def _render(self, messages: Sequence[dict[str, str]]) -> str:
+        return str(
+            self._tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
+            )
+        )
+
     def _encode_chat_sync(self, messages: Sequence[dict[str, str]]) -> list[int]:
         # Same two steps as vLLM's server: render the template to text, then tokenize it
         # without adding special tokens again (the template already has them).
-        text = self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
+        return self._encode_rendered(self._render(messages))
+
+    def _encode_rendered(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_chat_counted_sync(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+        text = self._render(messages)
+        contents = [m["content"] for m in messages]
+        spans = content_spans(text, contents)
+        if spans is None or self._backend is None:
+            return estimated_encoding(self._encode_rendered(text), self._count_sync(contents))
+        encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+        starts = [start for start, _ in encoding.offsets]
+        return attributed_encoding(list(encoding.ids), starts, spans)
 
     def _encode_sync(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text))
 
-    async def _run(self, size: int, fn: Callable[[T], list[int]], arg: T) -> list[int]:
+    def _count_sync(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        if self._backend is not None:
+            return [
+                len(e) for e in self._backend.encode_batch(list(texts), add_special_tokens=False)
+            ]
+        return [
+            len(ids) for ids in self._tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        ]
+
+    async def _run(self, size: int, fn: Callable[[T], R], arg: T) -> R:
         if size <= self._inline_limit:
             return fn(arg)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, arg)
+
+
+def content_spans(text: str, contents: Sequence[str]) -> list[tuple[int, int]] | None:
+    """Where each content sits in the rendered prompt, found in order; None if one is not."""
+    spans: list[tuple[int, int]] = []
+    position = 0
+    for content in contents:
+        at = text.find(content, position) if content else position
+        if at < 0:  # templates that trim contents
+            content = content.strip()
+            at = text.find(content, position)
+            if at < 0:
+                return None
+        position = at + len(content)
+        spans.append((at, position))
+    return spans
+
+
+def attributed_encoding(
+    ids: list[int], starts: Sequence[int], spans: Sequence[tuple[int, int]]
+) -> ChatEncoding:
+    """Each token goes to the message whose content it starts in, or whose framing precedes."""
+    message_tokens: list[int] = []
+    content_tokens: list[int] = []
+    previous_end = 0
+    for start, end in spans:
+        first, last = bisect_left(starts, start), bisect_left(starts, end)
+        message_tokens.append(last - previous_end)
+        content_tokens.append(last - first)
+        previous_end = last
+    return ChatEncoding(ids, tuple(message_tokens), tuple(content_tokens))
+
+
+def estimated_encoding(ids: list[int], content_counts: Sequence[int]) -> ChatEncoding:
+    """Contents counted alone, the template's framing spread evenly over the messages."""
+    framing = max(0, len(ids) - sum(content_counts)) // (len(content_counts) + 1)
+    return ChatEncoding(ids, tuple(c + framing for c in content_counts), tuple(content_counts))

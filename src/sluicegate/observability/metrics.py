@@ -7,7 +7,7 @@ API keys appear only as their public id).
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 from sluicegate.errors import EngineUnavailableError, GatewayError
 
@@ -30,8 +30,135 @@ ADMISSION_REFUSED = Counter(
     ["reason"],
 )
 
+# ---- requests and generations (observability.middleware, observability.generation) ------
+# LLM latencies run from milliseconds (a cache hit, one decode step) to minutes (long
+# completions behind a deep queue): buckets cover 1 ms to 10 min.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+    300.0, 600.0,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+    60.0, 120.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    5.0, 10.0,
+)  # fmt: skip
+
+REQUESTS = Counter(
+    "sluicegate_requests_total",
+    "HTTP requests by route template, served model (empty off the inference routes) and "
+    "status code; 499 when the client left before the response was complete.",
+    ["endpoint", "model", "status"],
+)
+REQUEST_DURATION = Histogram(
+    "sluicegate_request_duration_seconds",
+    "End-to-end time of successful inference requests, from arrival to the last byte sent.",
+    ["endpoint", "model"],
+    buckets=LATENCY_BUCKETS,
+)
+REQUESTS_IN_FLIGHT = Gauge(
+    "sluicegate_requests_in_flight",
+    "Inference requests being served (admitted or not yet refused).",
+    ["model"],
+)
+CLIENT_DISCONNECTS = Counter(
+    "sluicegate_client_disconnects_total",
+    "Inference requests whose client left before the response was complete; their engine "
+    "work is aborted.",
+    ["endpoint", "model"],
+)
+ERRORS = Counter(
+    "sluicegate_errors_total",
+    "Errors sent to clients by OpenAI error type and code, including those sent inside a "
+    "stream that had started.",
+    ["type", "code"],
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "sluicegate_time_to_first_token_seconds",
+    "From a request's arrival to the first token the engine generated for it.",
+    ["model"],
+    buckets=TTFT_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "sluicegate_inter_token_latency_seconds",
+    "Time between consecutive tokens of one choice, as the engine hands them to streams.",
+    ["model"],
+    buckets=ITL_BUCKETS,
+)
+PROMPT_TOKENS = Counter(
+    "sluicegate_prompt_tokens_total",
+    "Prompt tokens of the generations the engine ran (cache hits are not generations).",
+    ["model"],
+)
+COMPLETION_TOKENS = Counter(
+    "sluicegate_completion_tokens_total",
+    "Completion tokens the engine generated, aborted generations included.",
+    ["model"],
+)
+
+# ---- response cache ------------------------------------------------------------------------
+CACHE_REQUESTS = Counter(
+    "sluicegate_cache_requests_total",
+    "Completion requests by cache outcome: hit, miss (looked up, generated) or bypass.",
+    ["outcome"],
+)
+CACHE_STORE_ERRORS = Counter(
+    "sluicegate_cache_store_errors_total",
+    "Cache store operations that failed: get, set, lock, unlock (timeouts, connection errors) "
+    "or decode (a corrupt or foreign value). The request is served by the engine anyway.",
+    ["op"],
+)
+CACHE_STAMPEDE_FOLLOWERS = Counter(
+    "sluicegate_cache_stampede_followers_total",
+    "Requests that waited for an identical in-flight generation instead of starting their own.",
+)
+CACHE_LOOKUP_SECONDS = Histogram(
+    "sluicegate_cache_lookup_seconds",
+    "Time to look an entry up in the cache store.",
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)
+CACHE_BYTES_WRITTEN = Counter(
+    "sluicegate_cache_bytes_written_total", "Bytes of entries written to the cache store."
+)
+CACHE_TTL_SECONDS = Gauge(
+    "sluicegate_cache_ttl_seconds",
+    "Effective TTL for new cache entries (before jitter), from the observed generation latency.",
+)
+
+# ---- token budget --------------------------------------------------------------------------
+BUDGET_TRIMMED_REQUESTS = Counter(
+    "sluicegate_budget_trimmed_requests_total",
+    "Requests whose context was truncated to fit the model's context window.",
+)
+BUDGET_DROPPED_TOKENS = Counter(
+    "sluicegate_budget_dropped_tokens_total",
+    "Prompt tokens removed by context truncation.",
+)
+BUDGET_CLAMPED_MAX_TOKENS = Counter(
+    "sluicegate_budget_clamped_max_tokens_total",
+    "Requests whose max_tokens was lowered to what the context window leaves.",
+)
+
 
 def count_error(exc: GatewayError) -> None:
     """Count the errors ops must see, wherever they are rendered (response or stream event)."""
+    count_error_kind(exc.error_type, exc.code)
     if type(exc) is EngineUnavailableError:
         ENGINE_UNAVAILABLE.inc()
+
+
+def count_error_kind(error_type: str, code: str | None) -> None:
+    """Count an error body built without a `GatewayError` (validation, routing, crashes)."""
+    ERRORS.labels(error_type, code or "none").inc()
+
+
+# Series with a known, fixed set of label values start at zero, so rates, ratios and alerts
+# have data before the first event instead of being absent.
+for _outcome in ("hit", "miss", "bypass"):
+    CACHE_REQUESTS.labels(_outcome)
+for _op in ("get", "set", "lock", "unlock", "decode"):
+    CACHE_STORE_ERRORS.labels(_op)
+for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
+    ADMISSION_REFUSED.labels(_reason)

@@ -1,0 +1,243 @@
+"""What metrics and tracing cost: output-token throughput with all telemetry on against off.
+
+Two variants of the same gateway, same model and engine flags as `compare_vllm.py`, driven
+by the same load (`vllm.benchmarks.serve`, random prompts, 128 tokens in, 64 out,
+`--ignore-eos`), in alternating order over the rounds:
+
+- **on**: as shipped, plus tracing: every request traced (the default sampler) and exported
+  over OTLP/HTTP (protobuf, batch processor) to a sink process on this machine that reads
+  and drops the spans. The access log is written at INFO. The engine keeps its stats
+  (`vllm:*` series).
+- **off**: the gateway's telemetry removed: no request middleware, no engine-run hook, no
+  tracing, and the engine started with `disable_log_stats=True` (no `vllm:*` series).
+
+The sink shares the machine's two cores with the gateway and the load generator, so its CPU
+counts against "on".
+
+    .venv/bin/python bench/telemetry_overhead.py                   # 2 rounds, concurrency 16
+    .venv/bin/python bench/telemetry_overhead.py --rounds 4 --concurrency 1 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from compare_vllm import METRICS, RESULTS, cpu_model, drive, parse_args, stop
+
+VARIANTS = ("on", "off")
+HEADERS = ("req/s", "out tok/s", "median TTFT ms", "P99 TTFT ms", "median TPOT ms")
+
+
+# ---- the variant server (run in a child process) ------------------------------------------
+
+
+def serve_variant(variant: str, argv: list[str]) -> None:
+    """`sluicegate serve` with the gateway's telemetry removed for `off`."""
+    if variant == "off":
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        import sluicegate.app
+        import sluicegate.service
+
+        class Passthrough:
+            def __init__(self, app: Any, **_: Any) -> None:
+                self.app = app
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                await self.app(scope, receive, send)
+
+        class NoTelemetry:
+            def __init__(self, *_: Any) -> None:
+                pass
+
+            def __enter__(self) -> NoTelemetry:
+                return self
+
+            def __exit__(self, *_: Any) -> None:
+                return None
+
+            def step(self, *_: Any) -> None:
+                pass
+
+        start = AsyncLLM.from_vllm_config
+
+        def without_stats(*args: Any, **kwargs: Any) -> Any:
+            return start(*args, **{**kwargs, "disable_log_stats": True})
+
+        sluicegate.app.TelemetryMiddleware = Passthrough  # type: ignore[assignment,misc]
+        sluicegate.service.GenerationTelemetry = NoTelemetry  # type: ignore[assignment,misc]
+        AsyncLLM.from_vllm_config = without_stats  # type: ignore[method-assign]
+        os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        os.environ["OTEL_TRACES_EXPORTER"] = "none"
+
+    from sluicegate.cli import main
+
+    raise SystemExit(main(["serve", *argv]))
+
+
+# ---- the OTLP sink (run in a child process) ------------------------------------------------
+
+
+class _Sink(BaseHTTPRequestHandler):
+    requests = 0
+    received = 0
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).requests += 1
+        type(self).received += len(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        stats = json.dumps({"requests": self.requests, "bytes": self.received}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(stats)))
+        self.end_headers()
+        self.wfile.write(stats)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def run_sink(port: int) -> None:
+    ThreadingHTTPServer(("127.0.0.1", port), _Sink).serve_forever()
+
+
+# ---- the benchmark -------------------------------------------------------------------------
+
+
+def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"exited early; see {log}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(process)
+    raise SystemExit(f"not ready in {timeout:.0f} s; see {log}")
+
+
+def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "SLUICEGATE_CPU_KVCACHE_SPACE_GIB": str(args.kv_cache_gib),
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    sink = None
+    if variant == "on":
+        sink_log = RESULTS / "telemetry-sink.log"
+        sink = spawn([sys.executable, __file__, "--sink", str(args.sink_port)], sink_log, env)
+        wait_ready(f"http://127.0.0.1:{args.sink_port}/", sink, sink_log, 30)
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{args.sink_port}"
+        env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+    serve_args = [
+        "--model", args.model, "--served-model-name", args.name, "--port", str(args.port),
+        "--max-model-len", str(args.max_model_len), "--dtype", "float32", "--enforce-eager",
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
+    ]  # fmt: skip
+    log = RESULTS / f"telemetry-{variant}-server.log"
+    server = spawn([sys.executable, __file__, "--serve", variant, "--", *serve_args], log, env)
+    try:
+        wait_ready(f"http://127.0.0.1:{args.port}/ready", server, log, 600)
+        metrics = httpx.get(f"http://127.0.0.1:{args.port}/metrics", timeout=10).text
+        series = {
+            "sluicegate": "sluicegate_requests_total{" in metrics,
+            "vllm": "vllm:num_requests_running{" in metrics,
+        }
+        if args.warmup:
+            drive(args.port, args.model, 4, args, num_prompts=8)
+        levels = {c: drive(args.port, args.model, c, args) for c in args.concurrency}
+        exported = None
+        if sink is not None:
+            time.sleep(6)  # the batch processor exports every 5 s
+            exported = httpx.get(f"http://127.0.0.1:{args.sink_port}/", timeout=5).json()
+        return {"levels": levels, "series": series, "exported": exported}
+    finally:
+        stop(server)
+        if sink is not None:
+            stop(sink)
+
+
+def table(results: dict[str, list[dict[str, Any]]], levels: list[int]) -> str:
+    lines = [
+        "| concurrency | telemetry | " + " | ".join(HEADERS) + " |",
+        "|---|---|" + "---|" * len(HEADERS),
+    ]
+    for level in levels:
+        medians = {
+            variant: [statistics.median(r["levels"][level][m] for r in runs) for m in METRICS]
+            for variant, runs in results.items()
+        }
+        for variant in VARIANTS:
+            cells = " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in medians[variant])
+            lines.append(f"| {level} | {variant} | {cells} |")
+        ratios = [
+            on / off if off else float("nan")
+            for on, off in zip(medians["on"], medians["off"], strict=True)
+        ]
+        lines.append(
+            f"| {level} | **on / off** | " + " | ".join(f"**{r:.3f}x**" for r in ratios) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args(
+        __doc__.splitlines()[0], [16], 4, 16, 2, 8791,
+        extra=lambda parser: parser.add_argument("--sink-port", type=int, default=8792),
+    )  # fmt: skip
+    started = time.monotonic()
+    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+    for round_index in range(args.rounds):
+        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+        for variant in order:
+            print(f"--- round {round_index + 1}: telemetry {variant}", flush=True)
+            outcome = run_variant(variant, args)
+            print(f"    series {outcome['series']}, exported {outcome['exported']}", flush=True)
+            results[variant].append(outcome)
+
+    machine = f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    report = table(results, args.concurrency)
+    elapsed = time.monotonic() - started
+    print(f"\nMachine: {machine}; rounds: {args.rounds}; took {elapsed / 60:.1f} min\n")
+    print(report)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"telemetry-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
+    (RESULTS / f"telemetry-{stamp}.md").write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        serve_variant(sys.argv[2], sys.argv[4:])
+    elif sys.argv[1:2] == ["--sink"]:
+        run_sink(int(sys.argv[2]))
+    else:
+        main()

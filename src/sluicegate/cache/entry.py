@@ -1,0 +1,102 @@
+"""The stored form of a cached completion, and its strict decoding.
+
+Entries are JSON carrying a format version and the key they were written under. Anything
+else found under a key (a foreign writer, a truncated value, an older layout) is refused
+with `CorruptEntryError`, so the caller treats it as a miss and never serves it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sluicegate.engine.protocol import TokenLogprob
+from sluicegate.responses import ChoiceState, Completion
+
+ENTRY_VERSION = 1
+
+
+class CorruptEntryError(Exception):
+    """The value under a cache key is not an entry this gateway wrote for that key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Logprob(_Strict):
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = Field(default_factory=list)
+
+
+class _Choice(_Strict):
+    index: int = Field(ge=0)
+    parts: list[str]
+    num_tokens: int = Field(ge=0)
+    finish_reason: str
+    logprobs: list[_Logprob] | None = None
+    logprob_counts: list[int] | None = None
+
+
+class _Entry(_Strict):
+    version: int
+    key: str
+    created: float
+    prompt_tokens: int = Field(ge=0)
+    choices: list[_Choice]
+
+
+def encode_entry(key: str, completion: Completion, created: float) -> bytes:
+    choices = [
+        _Choice(
+            index=c.index,
+            parts=c.text_parts,
+            num_tokens=c.num_tokens,
+            finish_reason=c.finish_reason or "stop",
+            logprobs=None
+            if c.logprobs is None
+            else [_Logprob(token=e.token, logprob=e.logprob, top=list(e.top)) for e in c.logprobs],
+            logprob_counts=c.logprob_counts,
+        )
+        for c in completion.choices
+    ]
+    entry = _Entry(
+        version=ENTRY_VERSION,
+        key=key,
+        created=created,
+        prompt_tokens=completion.prompt_tokens,
+        choices=choices,
+    )
+    return entry.model_dump_json(exclude_none=True).encode()
+
+
+def decode_entry(key: str, data: bytes) -> tuple[Completion, float]:
+    """The completion stored under `key` and its creation time (Unix seconds)."""
+    try:
+        entry = _Entry.model_validate_json(data)
+    except (ValidationError, ValueError) as exc:
+        raise CorruptEntryError(f"undecodable cache entry ({len(data)} bytes)") from exc
+    if entry.version != ENTRY_VERSION or entry.key != key:
+        raise CorruptEntryError("cache entry written for another key or format version")
+    choices = []
+    for c in entry.choices:
+        if c.logprobs is not None and (
+            c.logprob_counts is None
+            or len(c.logprob_counts) != len(c.parts)
+            or sum(c.logprob_counts) != len(c.logprobs)
+        ):
+            raise CorruptEntryError("cache entry with inconsistent logprobs")
+        choices.append(
+            ChoiceState(
+                index=c.index,
+                text_parts=list(c.parts),
+                logprobs=None
+                if c.logprobs is None
+                else [TokenLogprob(e.token, e.logprob, tuple(e.top)) for e in c.logprobs],
+                logprob_counts=None if c.logprobs is None else list(c.logprob_counts or ()),
+                num_tokens=c.num_tokens,
+                text_length=sum(len(p) for p in c.parts),
+                finish_reason=c.finish_reason,
+            )
+        )
+    return Completion(choices, entry.prompt_tokens), entry.created

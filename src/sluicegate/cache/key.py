@@ -1,0 +1,62 @@
+"""Cache keys: which runs may be cached, and the key that names everything that shapes the output.
+
+A key is `<prefix>:cache:v1:<model>:<sha256>`. The digest covers the prompt token ids (the
+messages after the chat template, or the prompt, so JSON key order and whitespace outside
+strings cannot change it), every sampling option with its default filled in (`max_tokens`
+after the token budget, `stop`, `seed`, `n`, `logprobs` included), the endpoint, the model's
+identity, and the caller's key id when entries are kept per key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from array import array
+from typing import Literal
+
+from sluicegate.engine.protocol import SamplingOptions
+
+KEY_VERSION = "v1"
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+CachePolicy = Literal["off", "deterministic", "all"]
+
+
+def is_cacheable(options: SamplingOptions, policy: CachePolicy) -> bool:
+    """Whether the policy lets a run with these options be served from the cache."""
+    if policy == "all":
+        return True
+    if policy == "off":
+        return False
+    return options.temperature == 0 or options.top_k == 1 or options.seed is not None
+
+
+def cache_key(
+    prefix: str,
+    model_name: str,
+    model_identity: str,
+    endpoint: str,
+    prompts: list[list[int]],
+    options: SamplingOptions,
+    namespace: str | None = None,
+) -> str:
+    header = [
+        KEY_VERSION,
+        endpoint,
+        model_identity,
+        namespace,
+        # Every field by name, so adding an option can never leave it out of the key.
+        [(name, getattr(options, name)) for name in _OPTION_FIELDS],
+        len(prompts),
+    ]
+    digest = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())
+    for prompt in prompts:
+        # Length first, so prompt boundaries are part of what is hashed.
+        digest.update(len(prompt).to_bytes(4, "little"))
+        digest.update(array("q", prompt).tobytes())
+    return f"{prefix}:cache:{KEY_VERSION}:{model_name}:{digest.hexdigest()}"
+
+
+def lock_key(key: str) -> str:
+    """The single-flight lock for a cache key."""
+    return key + ":lock"

@@ -1,0 +1,493 @@
+"""The response cache: lookup, single flight, and storing what the engine produced.
+
+`ResponseCache.lookup` decides, for one prepared run, whether the response comes from the
+cache (HIT) or from the engine (MISS, or BYPASS when the request or the policy keeps the
+cache out). A miss comes with a `Lease`: the request that holds it generates, then calls
+`fulfil` with the result, which stores it and hands it to every identical request that waited
+(single flight); `close` ends the lease if the run failed or was abandoned, and the waiters
+generate for themselves. Nobody is ever handed someone else's error.
+
+Single flight works in two layers. In the process, identical requests wait on the leader's
+future without touching the store. Across processes (replicas sharing Redis), the leader
+takes a lock with an expiry; other processes poll for the entry until it appears, the lock
+goes away, or their wait runs out.
+
+The store failing never fails a request: the error is counted and logged (throttled), the
+store is left alone for `retry_interval`, and requests are served by the engine meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeVar
+
+from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
+from sluicegate.cache.key import CachePolicy, cache_key, is_cacheable, lock_key
+from sluicegate.cache.store import CacheStore, StoreError
+from sluicegate.cache.ttl import TtlPolicy
+from sluicegate.observability.metrics import (
+    CACHE_BYTES_WRITTEN,
+    CACHE_LOOKUP_SECONDS,
+    CACHE_REQUESTS,
+    CACHE_STAMPEDE_FOLLOWERS,
+    CACHE_STORE_ERRORS,
+    CACHE_TTL_SECONDS,
+)
+from sluicegate.observability.throttled import ThrottledWarning
+from sluicegate.observability.tracing import span
+from sluicegate.responses import Completion
+from sluicegate.service import Run
+
+logger = logging.getLogger(__name__)
+
+CacheOutcome = Literal["HIT", "MISS", "BYPASS"]
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+Waiter = Callable[[Coroutine[Any, Any, T]], Awaitable[T]]
+
+
+async def _wait_forever(work: Coroutine[Any, Any, T]) -> T:
+    return await work
+
+
+STORABLE_FINISH_REASONS = frozenset({"stop", "length"})
+# Bounds of the fast path's memos; worst cases: 16 MiB of bodies, 16 MiB of entries.
+_MAX_SHAPES = 8192
+_MAX_FINGERPRINTS = 4096
+_MAX_REMEMBERED_BODY = 4096
+_MAX_DECODED = 512
+_MAX_DECODED_ENTRY = 32 * 1024
+_POLL_FIRST = 0.01
+_POLL_MAX = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class CacheControl:
+    """The request's `Cache-Control` directives that the cache honours."""
+
+    no_cache: bool = False
+    """Skip the lookup; the fresh response replaces the entry."""
+    no_store: bool = False
+    """Do not store the response."""
+
+    @classmethod
+    def parse(cls, header: str | None) -> CacheControl:
+        if not header:
+            return cls()
+        directives = {part.split("=", 1)[0].strip().lower() for part in header.split(",")}
+        return cls("no-cache" in directives, "no-store" in directives)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    policy: CachePolicy = "deterministic"
+    prefix: str = "sluicegate"
+    per_key: bool = False
+    max_entry_bytes: int = 1024 * 1024
+    flight_timeout: float = 30.0
+    retry_interval: float = 1.0
+
+
+class Lease:
+    """A miss's duty to generate: `fulfil` with the result, or `close` to give up."""
+
+    def __init__(
+        self,
+        cache: ResponseCache | None = None,
+        key: str | None = None,
+        expected_choices: int = 0,
+        store: bool = False,
+        flight: asyncio.Future[Completion | None] | None = None,
+        lock_token: str | None = None,
+    ) -> None:
+        self._cache = cache
+        self._key = key
+        self._expected_choices = expected_choices
+        self._store = store
+        self._flight = flight
+        self._lock_token = lock_token
+        self._started = time.monotonic()
+        self._done = False
+
+    async def fulfil(self, completion: Completion) -> None:
+        """The run ended normally: store its result if it may be, and wake the waiters."""
+        if self._done or self._cache is None or self._key is None:
+            return
+        self._done = True
+        cache = self._cache
+        cache.ttl.observe(time.monotonic() - self._started)
+        CACHE_TTL_SECONDS.set(cache.ttl.effective())
+        reusable = self._reusable(completion)
+        self._settle(completion if reusable else None)
+        if reusable and self._store:
+            await cache.write(self._key, completion)
+        self._unlock()
+
+    def close(self) -> None:
+        """End the lease without a result (the run failed, or its client left)."""
+        if self._done:
+            return
+        self._done = True
+        self._settle(None)
+        self._unlock()
+
+    async def guard(self, events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        """`events`, then `close` however they end (a no-op after `fulfil`)."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self.close()
+            await events.aclose()
+
+    def _reusable(self, completion: Completion) -> bool:
+        return len(completion.choices) == self._expected_choices and all(
+            c.finish_reason in STORABLE_FINISH_REASONS for c in completion.choices
+        )
+
+    def _settle(self, completion: Completion | None) -> None:
+        if self._flight is not None and self._cache is not None and self._key is not None:
+            self._cache.end_flight(self._key, self._flight, completion)
+
+    def _unlock(self) -> None:
+        if self._lock_token is not None and self._cache is not None and self._key is not None:
+            self._cache.release_later(lock_key(self._key), self._lock_token)
+            self._lock_token = None
+
+
+NO_LEASE = Lease()
+
+
+@dataclass(frozen=True, slots=True)
+class HitShape:
+    """What answering a request body from the cache takes, learned when an identical body
+    went the whole way (validation, tokenization, budget): see `cache.fast_path`."""
+
+    key: str
+    chat: bool
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    outcome: CacheOutcome
+    lease: Lease = NO_LEASE
+    key: str | None = None
+    completion: Completion | None = None
+    """The cached response, on a hit."""
+    age: int = 0
+    """Seconds since the cached response was generated, on a hit."""
+
+    def headers(self) -> dict[str, str]:
+        if self.outcome == "HIT":
+            return {"x-cache": "HIT", "age": str(self.age)}
+        return {"x-cache": self.outcome}
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        store: CacheStore,
+        ttl: TtlPolicy,
+        config: CacheConfig,
+        model_name: str,
+        model_identity: str,
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self._config = config
+        self._model_name = model_name
+        self._model_identity = model_identity
+        self._flights: dict[str, asyncio.Future[Completion | None]] = {}
+        self._down_until = 0.0
+        self._warning = ThrottledWarning(logger)
+        self._background: set[asyncio.Task[None]] = set()
+        self._shapes: OrderedDict[str, HitShape] = OrderedDict()
+        self._fingerprints: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
+        self._decoded: OrderedDict[tuple[str, bytes], tuple[Completion, float]] = OrderedDict()
+        CACHE_TTL_SECONDS.set(ttl.effective())
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    # ---- the fast path's memo: request body -> cache key -------------------------------
+
+    def fingerprint(self, path: str, body: bytes, key_id: str) -> str | None:
+        """A digest of the request body up to JSON layout, or None if it is not a JSON object.
+
+        Only bodies that once went the whole way are ever looked up by it (`remember`)."""
+        if self._config.policy == "off":
+            return None
+        namespace = key_id if self._config.per_key else ""
+        # The same bytes again (a client repeating itself) skip parsing and re-serializing.
+        seen = self._fingerprints.get((path, namespace, body))
+        if seen is not None:
+            return seen
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(parsed, dict):
+            return None
+        canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(f"{path}\0{namespace}\0{canonical}".encode()).hexdigest()
+        if len(body) <= _MAX_REMEMBERED_BODY:
+            _bounded_put(self._fingerprints, (path, namespace, body), digest, _MAX_FINGERPRINTS)
+        return digest
+
+    def remember(self, fingerprint: str, shape: HitShape) -> None:
+        _bounded_put(self._shapes, fingerprint, shape, _MAX_SHAPES)
+
+    def shape(self, fingerprint: str) -> HitShape | None:
+        return self._shapes.get(fingerprint)
+
+    async def fetch(self, key: str) -> tuple[Completion, float] | None:
+        """The stored response under `key`, for the fast path. A hit is counted here; a miss
+        or a corrupt entry is left for the full path, which the request takes next."""
+        with span("cache.lookup", {"sluicegate.cache.fast_path": True}) as current:
+            found = await self._read(key, recheck=True)
+            current.set_attribute("sluicegate.cache.outcome", "HIT" if found else "MISS")
+        if found is not None:
+            CACHE_REQUESTS.labels(outcome="hit").inc()
+        return found
+
+    def key_for(self, run: Run, endpoint: str, key_id: str) -> str:
+        config = self._config
+        return cache_key(
+            config.prefix,
+            self._model_name,
+            self._model_identity,
+            endpoint,
+            run.prompts,
+            run.options,
+            namespace=key_id if config.per_key else None,
+        )
+
+    async def lookup(
+        self,
+        run: Run,
+        endpoint: str,
+        key_id: str,
+        control: CacheControl,
+        wait: Waiter[Any] = _wait_forever,
+    ) -> Lookup:
+        """Find the run's response, or the lease to generate it. Never raises a store error.
+
+        `wait` runs the waits for other requests' results (identical requests in flight), so
+        the caller can end them early, for instance when its client leaves."""
+        with span("cache.lookup", {"sluicegate.cache.policy": self._config.policy}) as current:
+            lookup = await self._lookup(run, endpoint, key_id, control, wait)
+            current.set_attribute("sluicegate.cache.outcome", lookup.outcome)
+        CACHE_REQUESTS.labels(outcome=lookup.outcome.lower()).inc()
+        return lookup
+
+    async def _lookup(
+        self, run: Run, endpoint: str, key_id: str, control: CacheControl, wait: Waiter[Any]
+    ) -> Lookup:
+        if not is_cacheable(run.options, self._config.policy) or (
+            control.no_cache and control.no_store
+        ):
+            return Lookup("BYPASS")
+        key = self.key_for(run, endpoint, key_id)
+        expected = len(run.prompts) * run.options.n
+        if control.no_cache:
+            return Lookup("BYPASS", Lease(self, key, expected, store=True))
+        return replace(await self._cacheable(key, expected, control, wait), key=key)
+
+    async def _cacheable(
+        self, key: str, expected: int, control: CacheControl, wait: Waiter[Any]
+    ) -> Lookup:
+        store = not control.no_store
+
+        leader = self._flights.get(key)
+        if leader is not None:
+            CACHE_STAMPEDE_FOLLOWERS.inc()
+            completion = await wait(self._follow(leader))
+            if completion is not None:
+                return Lookup("HIT", completion=completion)
+            return Lookup("MISS", Lease(self, key, expected, store))
+
+        # Registered before the first await, so identical requests from now on follow us.
+        flight: asyncio.Future[Completion | None] = asyncio.get_running_loop().create_future()
+        self._flights[key] = flight
+        try:
+            return await self._lead(key, expected, store, flight, wait)
+        except BaseException:
+            self.end_flight(key, flight, None)
+            raise
+
+    async def _lead(
+        self,
+        key: str,
+        expected: int,
+        store: bool,
+        flight: asyncio.Future[Completion | None],
+        wait: Waiter[Any],
+    ) -> Lookup:
+        found = await self._read(key)
+        if found is not None:
+            self.end_flight(key, flight, found[0])
+            return Lookup("HIT", completion=found[0], age=_age(found[1]))
+        token: str | None = None
+        if self.store.shared:
+            token = secrets.token_hex(8)
+            taken = await self._acquire(lock_key(key), token)
+            if taken is False:
+                CACHE_STAMPEDE_FOLLOWERS.inc()
+                found = await wait(self._await_entry(key))
+                if found is not None:
+                    self.end_flight(key, flight, found[0])
+                    return Lookup("HIT", completion=found[0], age=_age(found[1]))
+                token = None
+            elif taken:
+                # The leader before us may have stored its entry and let go just now.
+                found = await self._read(key, recheck=True)
+                if found is not None:
+                    self.release_later(lock_key(key), token)
+                    self.end_flight(key, flight, found[0])
+                    return Lookup("HIT", completion=found[0], age=_age(found[1]))
+            else:
+                token = None
+        return Lookup("MISS", Lease(self, key, expected, store, flight, token))
+
+    async def _follow(self, leader: asyncio.Future[Completion | None]) -> Completion | None:
+        try:
+            async with asyncio.timeout(self._config.flight_timeout):
+                return await asyncio.shield(leader)
+        except TimeoutError:
+            return None
+
+    async def _await_entry(self, key: str) -> tuple[Completion, float] | None:
+        """Poll for the entry another process is generating, while its lock stands."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.flight_timeout
+        interval = _POLL_FIRST
+        lock = lock_key(key)
+        while loop.time() < deadline:
+            await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
+            interval = min(interval * 1.5, _POLL_MAX)
+            found = await self._read(key)
+            if found is not None:
+                return found
+            try:
+                if not self._available() or not await self.store.held(lock):
+                    return await self._read(key)
+            except StoreError as exc:
+                self._failed("lock", exc)
+                return None
+        return None
+
+    def end_flight(
+        self, key: str, flight: asyncio.Future[Completion | None], result: Completion | None
+    ) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.done():
+            flight.set_result(result)
+
+    # ---- store operations: each failure is counted, logged, and survived ----------------
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        CACHE_STORE_ERRORS.labels(op=op).inc()
+        if not isinstance(exc, CorruptEntryError):
+            self._down_until = time.monotonic() + self._config.retry_interval
+        self._warning.warn("cache store %s failed (%s); serving from the engine", op, exc)
+
+    async def _read(self, key: str, recheck: bool = False) -> tuple[Completion, float] | None:
+        """The entry under `key`, or None. A corrupt entry is counted once, not on `recheck`."""
+        if not self._available():
+            return None
+        started = time.perf_counter()
+        try:
+            data = await self.store.get(key)
+        except StoreError as exc:
+            self._failed("get", exc)
+            return None
+        finally:
+            CACHE_LOOKUP_SECONDS.observe(time.perf_counter() - started)
+        if data is None:
+            return None
+        # Hits on one entry return the same bytes: decode them once. (Completions are only
+        # read once made, so sharing one between responses is safe.)
+        decoded = self._decoded.get((key, data))
+        if decoded is not None:
+            return decoded
+        try:
+            decoded = decode_entry(key, data)
+            if len(data) <= _MAX_DECODED_ENTRY:
+                _bounded_put(self._decoded, (key, data), decoded, _MAX_DECODED)
+            return decoded
+        except CorruptEntryError as exc:
+            if not recheck:
+                self._failed("decode", exc)
+            return None
+
+    async def _acquire(self, lock: str, token: str) -> bool | None:
+        """True: taken; False: someone else holds it; None: the store did not answer."""
+        if not self._available():
+            return None
+        try:
+            return await self.store.acquire(lock, token, round(self._config.flight_timeout * 1000))
+        except StoreError as exc:
+            self._failed("lock", exc)
+            return None
+
+    async def write(self, key: str, completion: Completion) -> None:
+        data = encode_entry(key, completion, time.time())
+        if len(data) > self._config.max_entry_bytes or not self._available():
+            return
+        ttl_ms = self.ttl.sample_ms()
+        with span(
+            "cache.store", {"sluicegate.cache.bytes": len(data), "sluicegate.cache.ttl_ms": ttl_ms}
+        ):
+            try:
+                await self.store.set(key, data, ttl_ms)
+            except StoreError as exc:
+                self._failed("set", exc)
+                return
+        CACHE_BYTES_WRITTEN.inc(len(data))
+
+    def release_later(self, lock: str, token: str) -> None:
+        """Let go of a lock without making the request wait (or fail) for it."""
+
+        async def release() -> None:
+            try:
+                await self.store.release(lock, token)
+            except StoreError as exc:
+                self._failed("unlock", exc)
+
+        task = asyncio.get_running_loop().create_task(release())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _bounded_put(memo: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
+    """Insert as the most recent entry, dropping the least recent beyond `limit`."""
+    memo[key] = value
+    memo.move_to_end(key)
+    if len(memo) > limit:
+        memo.popitem(last=False)
+
+
+def _age(created: float) -> int:
+    return max(0, int(time.time() - created))

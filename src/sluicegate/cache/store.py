@@ -1,0 +1,157 @@
+"""Where cache entries live: Redis (shared by replicas) or a bounded in-process LRU.
+
+Both stores hold opaque bytes with a TTL, plus the short-lived locks single flight uses.
+`RedisStore` bounds every operation by a timeout and turns every failure into `StoreError`;
+what to do about one (serve from the engine, count, log) is the cache's decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+
+class StoreError(Exception):
+    """The store did not answer in time, or failed."""
+
+
+class CacheStore(Protocol):
+    shared: bool
+    """Whether other processes see the same entries (and locks)."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def set(self, key: str, value: bytes, ttl_ms: int) -> None: ...
+
+    async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
+        """Take `lock` for `ttl_ms` unless someone holds it."""
+        ...
+
+    async def release(self, lock: str, token: str) -> None:
+        """Drop `lock` if `token` still holds it."""
+        ...
+
+    async def held(self, lock: str) -> bool: ...
+
+
+class MemoryStore:
+    """An LRU of entries bounded by their total size in bytes; expired entries are dropped.
+
+    Locks are not needed here: in one process, the cache's own single flight suffices."""
+
+    shared = False
+
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get(self, key: str) -> bytes | None:
+        item = self._entries.get(key)
+        if item is None:
+            return None
+        expires, value = item
+        if expires <= self._clock():
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return value
+
+    async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
+        size = len(key) + len(value)
+        if size > self._max_bytes:
+            return
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (self._clock() + ttl_ms / 1000, value)
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
+        return True
+
+    async def release(self, lock: str, token: str) -> None:
+        return None
+
+    async def held(self, lock: str) -> bool:
+        return False
+
+    def _drop(self, key: str) -> None:
+        _, value = self._entries.pop(key)
+        self._bytes -= len(key) + len(value)
+
+
+# Delete the lock only if it still holds our token: after an expiry, it may be someone else's.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisStore:
+    """Entries and locks in Redis. The client (and its connection pool) belongs to the caller.
+
+    An operation that outlives `op_timeout` is abandoned, not cancelled: cancelling would tear
+    down its connection, and a connection still being set up (TLS, AUTH) would then never
+    finish on a link slower than the timeout. The abandoned operation completes (or fails at
+    the client's socket timeout) in the background and its connection returns to the pool."""
+
+    shared = True
+
+    def __init__(self, client: redis.asyncio.Redis, op_timeout: float = 0.05) -> None:
+        self._client = client
+        self._op_timeout = op_timeout
+        self._release = client.register_script(_RELEASE_LUA)
+        self._abandoned: set[asyncio.Future[Any]] = set()
+
+    async def get(self, key: str) -> bytes | None:
+        value = await self._run(self._client.get(key))
+        if value is not None and not isinstance(value, bytes):
+            raise StoreError(f"GET returned {type(value).__name__}")
+        return value
+
+    async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
+        await self._run(self._client.set(key, value, px=ttl_ms))
+
+    async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
+        return bool(await self._run(self._client.set(lock, token, px=ttl_ms, nx=True)))
+
+    async def release(self, lock: str, token: str) -> None:
+        await self._run(self._release(keys=[lock], args=[token]))
+
+    async def held(self, lock: str) -> bool:
+        return bool(await self._run(self._client.exists(lock)))
+
+    async def _run(self, op: Any) -> Any:
+        task = asyncio.ensure_future(op)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self._op_timeout)
+        except TimeoutError as exc:
+            self._abandoned.add(task)
+            task.add_done_callback(self._forget)
+            raise StoreError(f"no answer within {self._op_timeout * 1000:.0f} ms") from exc
+        except (OSError, RedisError) as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        except asyncio.CancelledError:
+            task.cancel()  # the request itself is going away
+            raise
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._abandoned.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not log it as lost

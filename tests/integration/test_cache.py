@@ -1,0 +1,115 @@
+"""The response cache on the real engine, with the default in-process store: hits through the
+official SDK, stream replay, canonical keys, and single flight counted on the engine side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from tests.integration.server import MODEL_NAME, metric_value
+
+GENERATED = "vllm:request_success_total"
+
+
+def question() -> list[dict[str, str]]:
+    # A prompt no other test (or earlier run against a shared store) has sent.
+    return [
+        {"role": "user", "content": f"In one sentence, what is a river? ({uuid.uuid4().hex[:8]})"}
+    ]
+
+
+def sse_payloads(text: str) -> list[Any]:
+    """A stream's events, without the fields that differ per response (id, created)."""
+    events: list[Any] = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            event = data if data == "[DONE]" else json.loads(data)
+            if isinstance(event, dict):
+                event.pop("id"), event.pop("created")
+            events.append(event)
+    return events
+
+
+def test_repeat_is_served_from_the_cache_through_the_sdk(base_url: str) -> None:
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = question()
+    before = metric_value(base_url, GENERATED)
+    raw = [
+        client.chat.completions.with_raw_response.create(
+            model=MODEL_NAME,
+            messages=messages,
+            temperature=0,
+            max_tokens=24,  # type: ignore[arg-type]
+        )
+        for _ in range(2)
+    ]
+    assert [r.headers["x-cache"] for r in raw] == ["MISS", "HIT"]
+    assert "age" in raw[1].headers and "age" not in raw[0].headers
+    first, second = (r.parse() for r in raw)
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.usage == first.usage and first.usage is not None
+    assert first.usage.completion_tokens > 0
+    assert metric_value(base_url, GENERATED) - before == 1
+
+
+def test_stream_replay_equals_the_live_stream_and_serves_plain_requests(base_url: str) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "messages": question(),
+        "temperature": 0,
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.Client(base_url=base_url, timeout=120) as http:
+        live = http.post("/v1/chat/completions", json=body)
+        replay = http.post("/v1/chat/completions", json=body)
+        del body["stream"], body["stream_options"]
+        plain = http.post("/v1/chat/completions", json=body)
+    assert (live.headers["x-cache"], replay.headers["x-cache"]) == ("MISS", "HIT")
+    events = sse_payloads(replay.text)
+    assert events == sse_payloads(live.text)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert sum(1 for e in events[1:-3] if e["choices"][0]["delta"].get("content")) > 1
+    assert events[-3]["choices"][0]["finish_reason"] in {"stop", "length"}
+    assert events[-1] == "[DONE]"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
+    assert plain.headers["x-cache"] == "HIT"
+    assert plain.json()["choices"][0]["message"]["content"] == text
+    assert plain.json()["usage"] == events[-2]["usage"]
+
+
+def test_json_layout_does_not_change_the_key(base_url: str) -> None:
+    body = {"model": MODEL_NAME, "messages": question(), "temperature": 0, "max_tokens": 6}
+    layouts = [
+        json.dumps(body, separators=(",", ":")),
+        json.dumps(dict(reversed(list(body.items()))), indent=4),
+    ]
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=base_url, timeout=120) as http:
+        outcomes = [
+            http.post("/v1/chat/completions", content=c, headers=headers).headers["x-cache"]
+            for c in layouts
+        ]
+    assert outcomes == ["MISS", "HIT"]
+
+
+async def test_fifty_identical_requests_cause_one_engine_generation(base_url: str) -> None:
+    body = {"model": MODEL_NAME, "messages": question(), "temperature": 0, "max_tokens": 48}
+    before = metric_value(base_url, GENERATED)
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        responses = await asyncio.gather(
+            *(
+                http.post("/v1/chat/completions", json={**body, "stream": i % 2 == 0})
+                for i in range(50)
+            )
+        )
+    assert [r.status_code for r in responses] == [200] * 50
+    assert metric_value(base_url, GENERATED) - before == 1
+    assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]

@@ -1,0 +1,494 @@
+"""The response cache through real HTTP, over the fake engine, with the in-memory store and
+with the real Redis at 127.0.0.1:6379 (each test under its own key prefix)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from sluicegate.engine.protocol import EngineStep, SamplingOptions
+from sluicegate.errors import EngineUnavailableError
+from sluicegate.observability.metrics import (
+    CACHE_STAMPEDE_FOLLOWERS,
+    CACHE_STORE_ERRORS,
+    CACHE_TTL_SECONDS,
+)
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.integration.redis_server import RedisProcess
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+MESSAGES = [{"role": "user", "content": "Say hello"}]
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": FAKE_MODEL, "messages": MESSAGES, "temperature": 0, **extra}
+
+
+def sse_payloads(text: str) -> list[Any]:
+    """The JSON events of a stream, without the fields that differ per response."""
+    events: list[Any] = []
+    for line in text.splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            events.append(data)
+            continue
+        event = json.loads(data)
+        event.pop("id", None)
+        event.pop("created", None)
+        events.append(event)
+    return events
+
+
+def answer(body: dict[str, Any]) -> Any:
+    """A response body without what differs between responses (id, creation time)."""
+    return {k: v for k, v in body.items() if k not in {"id", "created"}}
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    value = f"test-{uuid.uuid4().hex}"
+    yield value
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{value}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+# Generous, for the tests that count generations: a busy machine must not make them fail open.
+SLOW_OK = 1.0
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_settings(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
+    if request.param == "memory":
+        return {}
+    return {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(words=["Hello", " there", ",", " friend", "!"], max_model_len=256)
+
+
+@pytest.fixture
+async def http(
+    engine: FakeEngine, store_settings: dict[str, object]
+) -> AsyncIterator[httpx.AsyncClient]:
+    with serve_in_thread(fake_app(engine, **store_settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            yield client
+
+
+async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) -> httpx.Response:
+    response = await http.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def test_second_identical_request_is_a_hit_with_the_original_usage(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    first = await post(http, chat(max_tokens=8))
+    second = await post(http, chat(max_tokens=8))
+    assert first.headers["x-cache"] == "MISS" and "age" not in first.headers
+    assert second.headers["x-cache"] == "HIT" and int(second.headers["age"]) >= 0
+    assert answer(second.json()) == answer(first.json())
+    assert second.json()["usage"] == first.json()["usage"]
+    assert second.json()["id"] != first.json()["id"]
+    assert len(engine.requests) == 1
+
+
+async def test_key_order_and_whitespace_outside_strings_do_not_change_the_key(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    compact = json.dumps(chat(max_tokens=5), separators=(",", ":"))
+    body = chat(max_tokens=5)
+    reordered = json.dumps(dict(reversed(list(body.items()))), indent=3)
+    headers = {"content-type": "application/json"}
+    first = await http.post("/v1/chat/completions", content=compact, headers=headers)
+    second = await http.post("/v1/chat/completions", content=reordered, headers=headers)
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "HIT")
+    assert len(engine.requests) == 1
+
+
+async def test_sampled_requests_bypass_the_cache(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    for _ in range(2):
+        response = await post(http, chat(temperature=0.8))
+        assert response.headers["x-cache"] == "BYPASS"
+    seeded = [await post(http, chat(temperature=0.8, seed=3)) for _ in range(2)]
+    assert [r.headers["x-cache"] for r in seeded] == ["MISS", "HIT"]
+    assert len(engine.requests) == 3
+
+
+async def test_no_cache_skips_the_lookup_and_refreshes_the_entry(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    await post(http, chat())
+    engine.words = ["Fresh", " words"]
+    refreshed = await post(http, chat(), **{"cache-control": "no-cache"})
+    assert refreshed.headers["x-cache"] == "BYPASS"
+    assert refreshed.json()["choices"][0]["message"]["content"] == "Fresh words"
+    again = await post(http, chat())
+    assert again.headers["x-cache"] == "HIT"
+    assert again.json()["choices"][0]["message"]["content"] == "Fresh words"
+
+
+async def test_no_store_is_served_but_not_stored(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    first = await post(http, chat(), **{"cache-control": "no-store"})
+    second = await post(http, chat())
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "MISS")
+    assert (await post(http, chat())).headers["x-cache"] == "HIT"
+    assert len(engine.requests) == 2
+
+
+async def test_stream_hit_replays_the_live_stream(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    body = chat(stream=True, stream_options={"include_usage": True})
+    live = await post(http, body)
+    replay = await post(http, body)
+    assert (live.headers["x-cache"], replay.headers["x-cache"]) == ("MISS", "HIT")
+    assert replay.headers["content-type"].startswith("text/event-stream")
+    events = sse_payloads(replay.text)
+    assert events == sse_payloads(live.text)
+    # role chunk, several content deltas, finish, usage, [DONE]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [e["choices"][0]["delta"]["content"] for e in events[1:-3]]
+    assert len(deltas) == 5 and "".join(deltas) == "Hello there, friend!"
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["usage"]["completion_tokens"] == 5 and events[-1] == "[DONE]"
+    assert len(engine.requests) == 1
+
+
+async def test_streamed_and_non_streamed_requests_share_entries(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    streamed = await post(http, chat(stream=True, max_tokens=3))
+    plain = await post(http, chat(max_tokens=3))
+    assert plain.headers["x-cache"] == "HIT"
+    text = "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in sse_payloads(streamed.text)
+        if e != "[DONE]" and e["choices"]
+    )
+    assert plain.json()["choices"][0]["message"]["content"] == text == "Hello there,"
+    assert plain.json()["choices"][0]["finish_reason"] == "length"
+
+    await post(http, chat(max_tokens=4))
+    replay = await post(http, chat(max_tokens=4, stream=True))
+    assert replay.headers["x-cache"] == "HIT"
+    assert len(engine.requests) == 2
+
+
+async def test_an_abandoned_stream_is_not_stored(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.step_delay = 0.2
+    async with http.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
+        assert response.headers["x-cache"] == "MISS"
+        async for _ in response.aiter_bytes():
+            break  # leave after the first event
+    for _ in range(100):
+        if not engine.active:
+            break
+        await asyncio.sleep(0.02)
+    assert not engine.active, "the engine request was aborted"
+    engine.step_delay = 0
+    assert (await post(http, chat(stream=True))).headers["x-cache"] == "MISS"
+    assert len(engine.requests) == 2
+
+
+async def test_errors_are_never_cached(http: httpx.AsyncClient, engine: FakeEngine) -> None:
+    engine.fail_after_words = 2
+    failed = await http.post("/v1/chat/completions", json=chat())
+    assert failed.status_code == 503
+    streamed = await http.post("/v1/chat/completions", json=chat(stream=True))
+    assert '"error"' in streamed.text
+    engine.fail_after_words = None
+    response = await post(http, chat())
+    assert response.headers["x-cache"] == "MISS"
+    assert response.json()["choices"][0]["message"]["content"] == "Hello there, friend!"
+
+
+async def test_fifty_identical_requests_cause_one_generation(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.step_delay = 0.05
+    followers = CACHE_STAMPEDE_FOLLOWERS._value.get()
+    bodies = [chat(stream=i % 2 == 0) for i in range(50)]
+    responses = await asyncio.gather(*(post(http, b) for b in bodies))
+    outcomes = sorted(r.headers["x-cache"] for r in responses)
+    assert outcomes == ["HIT"] * 49 + ["MISS"]
+    assert len(engine.requests) == 1
+    assert CACHE_STAMPEDE_FOLLOWERS._value.get() - followers >= 1
+    plain = [r.json() for r in responses if not r.headers["content-type"].startswith("text/")]
+    assert all(b["choices"][0]["message"]["content"] == "Hello there, friend!" for b in plain)
+
+
+class FailsFirst(FakeEngine):
+    """Fails the first generation after one word; every later one succeeds."""
+
+    async def generate(  # type: ignore[override]
+        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+    ) -> AsyncIterator[EngineStep]:
+        first = not self.requests
+        steps = super().generate(request_id, prompt_token_ids, options)
+        async for step in steps:
+            yield step
+            if first:
+                raise EngineUnavailableError()
+
+
+async def test_followers_of_a_failed_leader_generate_for_themselves(
+    store_settings: dict[str, object],
+) -> None:
+    engine = FailsFirst(words=["Hello", " there"], step_delay=0.1)
+    with serve_in_thread(fake_app(engine, **store_settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            leader = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+            await asyncio.sleep(0.05)
+            followers = [client.post("/v1/chat/completions", json=chat()) for _ in range(5)]
+            responses = await asyncio.gather(*followers)
+            assert (await leader).status_code == 503
+    assert [r.status_code for r in responses] == [200] * 5
+    assert all(r.headers["x-cache"] in {"MISS", "HIT"} for r in responses)
+    assert all(r.json()["choices"][0]["message"]["content"] == "Hello there" for r in responses)
+    assert len(engine.requests) >= 2
+
+
+async def test_policy_off_bypasses_everything() -> None:
+    engine = FakeEngine()
+    with serve_in_thread(fake_app(engine, cache_policy="off")) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for _ in range(2):
+                response = await post(client, chat())
+                assert response.headers["x-cache"] == "BYPASS"
+    assert len(engine.requests) == 2
+
+
+async def test_entries_are_shared_across_keys_unless_kept_per_key(prefix: str) -> None:
+    for per_key, expected in ((False, "HIT"), (True, "MISS")):
+        settings = {
+            "api_keys": "sk-one-0001,sk-two-0002",
+            "cache_per_api_key": per_key,
+            "redis_url": REDIS_URL,
+            "redis_key_prefix": f"{prefix}-{per_key}",
+            "cache_redis_timeout": SLOW_OK,
+        }
+        with serve_in_thread(fake_app(FakeEngine(), **settings)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                one = {"authorization": "Bearer sk-one-0001"}
+                two = {"authorization": "Bearer sk-two-0002"}
+                await post(client, chat(), **one)
+                assert (await post(client, chat(), **two)).headers["x-cache"] == expected
+                assert (await post(client, chat(), **one)).headers["x-cache"] == "HIT"
+
+
+# ---- Redis-specific behaviour ------------------------------------------------------------
+
+
+def store_errors() -> float:
+    return sum(
+        CACHE_STORE_ERRORS.labels(op=op)._value.get()
+        for op in ("get", "set", "lock", "unlock", "decode")
+    )
+
+
+def redis_entries(prefix: str) -> list[bytes]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return [k for k in client.scan_iter(match=f"{prefix}:cache:*") if not k.endswith(b":lock")]
+    finally:
+        client.close()
+
+
+async def test_redis_ttl_follows_the_policy(prefix: str) -> None:
+    settings = {
+        "redis_url": REDIS_URL,
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+        "cache_ttl_seconds": 100,
+        "cache_ttl_max_seconds": 1000,
+    }
+    engine = FakeEngine(delays=[0.3, 0.3, 0.3])  # ~0.9 s per generation: "slow"
+    with serve_in_thread(fake_app(engine, **settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await post(client, chat(max_tokens=3))
+            assert CACHE_TTL_SECONDS._value.get() == 50
+            engine.delays = None  # fast from now on, but the average takes a while to follow
+            for i in range(12):
+                await post(client, chat(max_tokens=2, seed=i))
+            assert CACHE_TTL_SECONDS._value.get() == 300
+    (slow_key,) = [
+        k for k in redis_entries(prefix) if redis.Redis.from_url(REDIS_URL).pttl(k) <= 55_000
+    ]
+    pttl = redis.Redis.from_url(REDIS_URL).pttl(slow_key)
+    assert 44_000 <= pttl <= 55_000
+    fast = [redis.Redis.from_url(REDIS_URL).pttl(k) for k in redis_entries(prefix)]
+    assert max(fast) > 260_000 and max(fast) <= 330_000
+
+
+async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
+    engine = FakeEngine()
+    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    errors = CACHE_STORE_ERRORS.labels(op="decode")._value.get()
+    with serve_in_thread(fake_app(engine, **settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await post(client, chat())
+            (entry,) = redis_entries(prefix)
+            raw = redis.Redis.from_url(REDIS_URL)
+            for garbage in (b"\x00garbage", b'{"version": 1, "key": "someone else"}'):
+                raw.set(entry, garbage)
+                response = await post(client, chat())
+                assert response.headers["x-cache"] == "MISS"
+                assert response.json()["choices"][0]["message"]["content"] == "Hello there!"
+                assert (await post(client, chat())).headers["x-cache"] == "HIT"
+            raw.close()
+    assert CACHE_STORE_ERRORS.labels(op="decode")._value.get() - errors == 2
+    assert len(engine.requests) == 3
+
+
+async def test_unreachable_redis_serves_from_the_engine_and_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = FakeEngine()
+    errors = sum(CACHE_STORE_ERRORS.labels(op=op)._value.get() for op in ("get", "lock", "set"))
+    settings = {"redis_url": "redis://127.0.0.1:1/0", "cache_retry_interval": 0}
+    with (
+        caplog.at_level(logging.WARNING, logger="sluicegate.cache.response_cache"),
+        serve_in_thread(fake_app(engine, **settings)) as url,
+    ):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for _ in range(5):
+                started = time.monotonic()
+                response = await post(client, chat())
+                assert response.headers["x-cache"] == "MISS"
+                assert time.monotonic() - started < 1.0
+    assert len(engine.requests) == 5
+    assert store_errors() - errors >= 5
+    warnings = [r for r in caplog.records if "cache store" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+async def test_slow_redis_is_bounded_by_the_operation_timeout(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = RedisProcess(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        engine = FakeEngine()
+        errors = store_errors()
+        settings = {"redis_url": server.url, "cache_redis_timeout": 0.05}
+        with serve_in_thread(fake_app(engine, **settings)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                await post(client, chat())  # warm the connection pool
+                await asyncio.sleep(0.3)  # the lock release runs after the response
+                server.pause(2.0)
+                await asyncio.sleep(0.2)
+                started = time.monotonic()
+                response = await post(client, chat())
+                elapsed = time.monotonic() - started
+        assert response.headers["x-cache"] == "MISS" and elapsed < 0.5
+        assert store_errors() > errors
+    finally:
+        server.kill()
+
+
+async def test_two_gateways_on_one_redis_generate_once_for_fifty_requests(prefix: str) -> None:
+    engines = [FakeEngine(step_delay=0.05), FakeEngine(step_delay=0.05)]
+    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    with (
+        serve_in_thread(fake_app(engines[0], **settings)) as url_a,
+        serve_in_thread(fake_app(engines[1], **settings)) as url_b,
+    ):
+        async with (
+            httpx.AsyncClient(base_url=url_a, timeout=30) as a,
+            httpx.AsyncClient(base_url=url_b, timeout=30) as b,
+        ):
+            responses = await asyncio.gather(*(post((a, b)[i % 2], chat()) for i in range(50)))
+    assert sum(len(e.requests) for e in engines) == 1
+    assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]
+
+
+# ---- the fast path (hits answered before routing) ---------------------------------------
+
+
+async def test_fast_path_hits_still_count_against_rate_limits() -> None:
+    engine = FakeEngine()
+    settings = {"api_keys": "sk-limited-01", "rate_limit_requests_per_minute": 3}
+    auth = {"authorization": "Bearer sk-limited-01"}
+    with serve_in_thread(fake_app(engine, **settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers=auth) as client:
+            responses = [await client.post("/v1/chat/completions", json=chat()) for _ in range(4)]
+            anonymous = await client.post(
+                "/v1/chat/completions", json=chat(), headers={"authorization": ""}
+            )
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    assert [r.headers.get("x-cache") for r in responses[:3]] == ["MISS", "HIT", "HIT"]
+    assert responses[2].headers["x-ratelimit-remaining-requests"] == "0"
+    error = responses[3].json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and int(responses[3].headers["retry-after"]) >= 1
+    assert anonymous.status_code == 401
+    assert len(engine.requests) == 1
+
+
+async def test_fast_path_falls_back_when_the_entry_is_gone(prefix: str) -> None:
+    engine = FakeEngine()
+    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    with serve_in_thread(fake_app(engine, **settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await post(client, chat())
+            assert (await post(client, chat())).headers["x-cache"] == "HIT"
+            raw = redis.Redis.from_url(REDIS_URL)
+            raw.delete(*redis_entries(prefix))
+            raw.close()
+            again = await post(client, chat())
+    assert again.headers["x-cache"] == "MISS"
+    assert again.json()["choices"][0]["message"]["content"] == "Hello there!"
+    assert len(engine.requests) == 2
+
+
+async def test_body_limits_apply_before_the_cache() -> None:
+    engine = FakeEngine()
+    big = chat(messages=[{"role": "user", "content": "x " * 2000}])
+    payload = json.dumps(big).encode()
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the limit is counted
+        for start in range(0, len(payload), 512):
+            yield payload[start : start + 512]
+
+    with serve_in_thread(fake_app(engine, max_request_bytes=1024)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            declared = await client.post("/v1/chat/completions", content=payload)
+            streamed = await client.post("/v1/chat/completions", content=chunked())
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+    assert engine.requests == []
+
+
+async def test_hits_carry_the_budget_headers_of_the_original() -> None:
+    engine = FakeEngine(max_model_len=64)
+    with serve_in_thread(fake_app(engine)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            first = await post(client, chat(max_tokens=500))
+            second = await post(client, chat(max_tokens=500))
+    budget = {k: v for k, v in first.headers.items() if k.startswith("x-budget-")}
+    assert budget and second.headers["x-cache"] == "HIT"
+    assert {k: v for k, v in second.headers.items() if k.startswith("x-budget-")} == budget
