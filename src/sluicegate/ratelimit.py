@@ -14,7 +14,6 @@ The Redis store fails open: a check that times out or errors is allowed (and cou
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import secrets
@@ -27,6 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import redis.asyncio
 from redis.exceptions import RedisError
 
+from sluicegate.deadline import Deadline
 from sluicegate.observability.metrics import RATE_LIMIT_STORE_ERRORS
 from sluicegate.observability.throttled import ThrottledWarning
 
@@ -199,7 +199,8 @@ class RedisRateLimiter:
     ) -> None:
         self._client = client
         self._prefix = prefix
-        self._op_timeout = op_timeout
+        # Abandoned, not cancelled, past the timeout: see `deadline`.
+        self._deadline = Deadline(op_timeout)
         self._acquire = client.register_script(_ACQUIRE_LUA)
         self._reconcile = client.register_script(_RECONCILE_LUA)
         self._warning = ThrottledWarning(logger, WARNING_INTERVAL_SECONDS)
@@ -222,8 +223,7 @@ class RedisRateLimiter:
             _KEY_TTL_MS,
         ]
         try:
-            async with asyncio.timeout(self._op_timeout):
-                reply = await self._acquire(keys=self._keys(key_id), args=args)
+            reply = await self._deadline.run(self._acquire(keys=self._keys(key_id), args=args))
             values = _parse_reply(reply)
         except (TimeoutError, OSError, RedisError, _MalformedReplyError) as exc:
             self._failed_open(key_id, exc)
@@ -240,8 +240,7 @@ class RedisRateLimiter:
             return
         args: list[int | str] = [completion_tokens, secrets.token_hex(8), _WINDOW_US, _KEY_TTL_MS]
         try:
-            async with asyncio.timeout(self._op_timeout):
-                await self._reconcile(keys=self._keys(key_id)[1:], args=args)
+            await self._deadline.run(self._reconcile(keys=self._keys(key_id)[1:], args=args))
         except (TimeoutError, OSError, RedisError) as exc:
             self._failed_open(key_id, exc)
 

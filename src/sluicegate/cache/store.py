@@ -7,7 +7,6 @@ what to do about one (serve from the engine, count, log) is the cache's decision
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,6 +14,8 @@ from typing import Any, Protocol
 
 import redis.asyncio
 from redis.exceptions import RedisError
+
+from sluicegate.deadline import Deadline
 
 
 class StoreError(Exception):
@@ -106,18 +107,14 @@ return 0
 class RedisStore:
     """Entries and locks in Redis. The client (and its connection pool) belongs to the caller.
 
-    An operation that outlives `op_timeout` is abandoned, not cancelled: cancelling would tear
-    down its connection, and a connection still being set up (TLS, AUTH) would then never
-    finish on a link slower than the timeout. The abandoned operation completes (or fails at
-    the client's socket timeout) in the background and its connection returns to the pool."""
+    An operation that outlives `op_timeout` is abandoned, not cancelled (see `deadline`)."""
 
     shared = True
 
     def __init__(self, client: redis.asyncio.Redis, op_timeout: float = 0.05) -> None:
         self._client = client
-        self._op_timeout = op_timeout
         self._release = client.register_script(_RELEASE_LUA)
-        self._abandoned: set[asyncio.Future[Any]] = set()
+        self._deadline = Deadline(op_timeout)
 
     async def get(self, key: str) -> bytes | None:
         value = await self._run(self._client.get(key))
@@ -138,20 +135,7 @@ class RedisStore:
         return bool(await self._run(self._client.exists(lock)))
 
     async def _run(self, op: Any) -> Any:
-        task = asyncio.ensure_future(op)
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self._op_timeout)
-        except TimeoutError as exc:
-            self._abandoned.add(task)
-            task.add_done_callback(self._forget)
-            raise StoreError(f"no answer within {self._op_timeout * 1000:.0f} ms") from exc
-        except (OSError, RedisError) as exc:
+            return await self._deadline.run(op)
+        except (TimeoutError, OSError, RedisError) as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-        except asyncio.CancelledError:
-            task.cancel()  # the request itself is going away
-            raise
-
-    def _forget(self, task: asyncio.Future[Any]) -> None:
-        self._abandoned.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved, so asyncio does not log it as lost
