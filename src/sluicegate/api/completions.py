@@ -12,12 +12,11 @@ from fastapi.responses import JSONResponse, Response
 from sluicegate.api.deps import get_cache, get_key_id, get_quotas, get_service, get_settings
 from sluicegate.cache import CacheControl, ResponseCache
 from sluicegate.cache.fast_path import FINGERPRINT
-from sluicegate.cache.response_cache import HitShape
 from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
 from sluicegate.protocol import ChatCompletionRequest, CompletionRequest
 from sluicegate.quota import Quotas
-from sluicegate.responses import ChatFormat, Completion
+from sluicegate.responses import Completion
 from sluicegate.service import CompletionService, Run
 from sluicegate.settings import Settings
 from sluicegate.streaming import open_event_stream, until_disconnect
@@ -84,16 +83,10 @@ async def _respond(run: Run, stream: bool, request: Request, ctx: CompletionCont
         key_id,
         control,
         wait=lambda work: until_disconnect(request.receive, work, deadline - loop.time()),
+        fingerprint=getattr(request.state, FINGERPRINT, None),
+        stream=stream,
     )
     headers.update(lookup.headers())
-    fingerprint: str | None = getattr(request.state, FINGERPRINT, None)
-    if fingerprint is not None and lookup.key is not None and lookup.outcome != "BYPASS":
-        budget_headers = tuple(run.budget.headers().items()) if run.budget else ()
-        chat = isinstance(run.format, ChatFormat)
-        shape = HitShape(
-            lookup.key, chat, stream, run.include_usage, run.prompt_tokens, budget_headers
-        )
-        ctx.cache.remember(fingerprint, shape)
     lease, cached = lookup.lease, lookup.completion
     if cached is not None and (record := current_request()) is not None:
         record.add_usage(cached.prompt_tokens, cached.completion_tokens)  # for the access log

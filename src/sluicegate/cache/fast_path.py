@@ -1,19 +1,18 @@
 """Cache hits answered before routing: pure-ASGI middleware, innermost of the gateway's.
 
 A request body that once went the whole way (validation, tokenization, token budget, cache
-lookup) leaves behind its `HitShape`: the cache key it maps to, the prompt tokens it is
-charged, its budget headers and how it is rendered. When an identical body (same JSON up to
-key order and whitespace, same path, same key namespace) comes again and its entry is in the
-store, this middleware answers from the entry directly. Everything before it still applies:
-request id, telemetry, API key, admission, body limits; the rate limits are checked here.
-Anything else (an unknown body, a miss, a `no-cache` request, a store failure) goes on to the
-routes unchanged, with the body it read handed on.
+lookup) leaves behind its `HitShape`, noted by `ResponseCache.lookup`: the cache key it maps
+to, the prompt tokens it is charged, its budget headers and how it is rendered. When an
+identical body (same JSON up to key order and whitespace, same path, same key namespace)
+comes again and its entry is in the store, this middleware answers from the entry directly.
+Everything before it still applies: request id, telemetry, API key, admission, body limits;
+the rate limits are checked here. Anything else (an unknown body, a miss, a `no-cache`
+request, a store failure) goes on to the routes unchanged, with the body it read handed on.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from sluicegate.service import replay_events
 from sluicegate.streaming import SSE_DONE, SSE_HEADERS
 
 FINGERPRINT = "cache_fingerprint"
-"""Where the body's fingerprint goes in the request state, for the route to `remember`."""
+"""Where the body's fingerprint goes in the request state, for the route's cache lookup."""
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
 
 
@@ -58,12 +57,14 @@ class CacheHitMiddleware:
         key_id: str = state.get("api_key_id", ANONYMOUS)
         fingerprint = cache.fingerprint(scope["path"], body, key_id)
         shape = None if fingerprint is None else cache.shape(fingerprint)
-        found = None if shape is None else await cache.fetch(shape.key)
-        if shape is None or found is None:
+        hit = None if shape is None else await cache.fetch(shape.key)
+        if shape is None or hit is None or hit.completion is None:
             state[FINGERPRINT] = fingerprint
             await self.app(scope, receive, send)
             return
-        await _answer(send, state["quotas"], key_id, cache.model_name, shape, *found)
+        await _answer(
+            send, state["quotas"], key_id, cache.model_name, shape, hit.completion, hit.headers()
+        )
 
 
 async def _answer(
@@ -73,7 +74,7 @@ async def _answer(
     model: str,
     shape: HitShape,
     completion: Completion,
-    created: float,
+    hit_headers: dict[str, str],
 ) -> None:
     try:
         quota_headers = await quotas.admit(key_id, shape.prompt_tokens)
@@ -91,8 +92,7 @@ async def _answer(
         headers = {"content-type": "application/json", "content-length": str(len(body))}
     headers.update(quota_headers)
     headers.update(shape.headers)
-    headers["x-cache"] = "HIT"
-    headers["age"] = str(max(0, int(time.time() - created)))
+    headers.update(hit_headers)
     if (record := current_request()) is not None:
         record.add_usage(completion.prompt_tokens, completion.completion_tokens)
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

@@ -26,7 +26,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
@@ -43,7 +43,7 @@ from sluicegate.observability.metrics import (
 )
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.observability.tracing import span
-from sluicegate.responses import Completion
+from sluicegate.responses import ChatFormat, Completion
 from sluicegate.service import Run
 
 logger = logging.getLogger(__name__)
@@ -179,12 +179,17 @@ class HitShape:
     prompt_tokens: int
     headers: tuple[tuple[str, str], ...] = ()
 
+    @classmethod
+    def of(cls, key: str, run: Run, stream: bool) -> HitShape:
+        budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
+        chat = isinstance(run.format, ChatFormat)
+        return cls(key, chat, stream, run.include_usage, run.prompt_tokens, budget)
+
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
     outcome: CacheOutcome
     lease: Lease = NO_LEASE
-    key: str | None = None
     completion: Completion | None = None
     """The cached response, on a hit."""
     age: int = 0
@@ -228,7 +233,7 @@ class ResponseCache:
     def fingerprint(self, path: str, body: bytes, key_id: str) -> str | None:
         """A digest of the request body up to JSON layout, or None if it is not a JSON object.
 
-        Only bodies that once went the whole way are ever looked up by it (`remember`)."""
+        Only bodies that once went the whole way are ever looked up by it (`lookup`)."""
         if self._config.policy == "off":
             return None
         namespace = key_id if self._config.per_key else ""
@@ -248,21 +253,19 @@ class ResponseCache:
             _bounded_put(self._fingerprints, (path, namespace, body), digest, _MAX_FINGERPRINTS)
         return digest
 
-    def remember(self, fingerprint: str, shape: HitShape) -> None:
-        _bounded_put(self._shapes, fingerprint, shape, _MAX_SHAPES)
-
     def shape(self, fingerprint: str) -> HitShape | None:
         return self._shapes.get(fingerprint)
 
-    async def fetch(self, key: str) -> tuple[Completion, float] | None:
-        """The stored response under `key`, for the fast path. A hit is counted here; a miss
-        or a corrupt entry is left for the full path, which the request takes next."""
+    async def fetch(self, key: str) -> Lookup | None:
+        """The hit stored under `key`, for the fast path. A hit is counted here; a miss or a
+        corrupt entry is left for the full path, which the request takes next."""
         with span("cache.lookup", {"sluicegate.cache.fast_path": True}) as current:
             found = await self._read(key, recheck=True)
             current.set_attribute("sluicegate.cache.outcome", "HIT" if found else "MISS")
-        if found is not None:
-            CACHE_REQUESTS.labels(outcome="hit").inc()
-        return found
+        if found is None:
+            return None
+        CACHE_REQUESTS.labels(outcome="hit").inc()
+        return _hit(found)
 
     def key_for(self, run: Run, endpoint: str, key_id: str) -> str:
         config = self._config
@@ -283,19 +286,30 @@ class ResponseCache:
         key_id: str,
         control: CacheControl,
         wait: Waiter[Any] = _wait_forever,
+        fingerprint: str | None = None,
+        stream: bool = False,
     ) -> Lookup:
         """Find the run's response, or the lease to generate it. Never raises a store error.
 
         `wait` runs the waits for other requests' results (identical requests in flight), so
-        the caller can end them early, for instance when its client leaves."""
+        the caller can end them early, for instance when its client leaves. `fingerprint`
+        is the request body's (see `fast_path`): a cacheable run is noted under it, so the
+        same body is answered before routing next time."""
         with span("cache.lookup", {"sluicegate.cache.policy": self._config.policy}) as current:
-            lookup = await self._lookup(run, endpoint, key_id, control, wait)
+            lookup = await self._lookup(run, endpoint, key_id, control, wait, fingerprint, stream)
             current.set_attribute("sluicegate.cache.outcome", lookup.outcome)
         CACHE_REQUESTS.labels(outcome=lookup.outcome.lower()).inc()
         return lookup
 
     async def _lookup(
-        self, run: Run, endpoint: str, key_id: str, control: CacheControl, wait: Waiter[Any]
+        self,
+        run: Run,
+        endpoint: str,
+        key_id: str,
+        control: CacheControl,
+        wait: Waiter[Any],
+        fingerprint: str | None,
+        stream: bool,
     ) -> Lookup:
         if not is_cacheable(run.options, self._config.policy) or (
             control.no_cache and control.no_store
@@ -305,11 +319,8 @@ class ResponseCache:
         expected = len(run.prompts) * run.options.n
         if control.no_cache:
             return Lookup("BYPASS", Lease(self, key, expected, store=True))
-        return replace(await self._cacheable(key, expected, control, wait), key=key)
-
-    async def _cacheable(
-        self, key: str, expected: int, control: CacheControl, wait: Waiter[Any]
-    ) -> Lookup:
+        if fingerprint is not None:
+            _bounded_put(self._shapes, fingerprint, HitShape.of(key, run, stream), _MAX_SHAPES)
         store = not control.no_store
 
         leader = self._flights.get(key)
@@ -340,7 +351,7 @@ class ResponseCache:
         found = await self._read(key)
         if found is not None:
             self.end_flight(key, flight, found[0])
-            return Lookup("HIT", completion=found[0], age=_age(found[1]))
+            return _hit(found)
         token: str | None = None
         if self.store.shared:
             token = secrets.token_hex(8)
@@ -350,7 +361,7 @@ class ResponseCache:
                 found = await wait(self._await_entry(key))
                 if found is not None:
                     self.end_flight(key, flight, found[0])
-                    return Lookup("HIT", completion=found[0], age=_age(found[1]))
+                    return _hit(found)
                 token = None
             elif taken:
                 # The leader before us may have stored its entry and let go just now.
@@ -358,7 +369,7 @@ class ResponseCache:
                 if found is not None:
                     self.release_later(lock_key(key), token)
                     self.end_flight(key, flight, found[0])
-                    return Lookup("HIT", completion=found[0], age=_age(found[1]))
+                    return _hit(found)
             else:
                 token = None
         return Lookup("MISS", Lease(self, key, expected, store, flight, token))
@@ -489,5 +500,6 @@ def _bounded_put(memo: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
         memo.popitem(last=False)
 
 
-def _age(created: float) -> int:
-    return max(0, int(time.time() - created))
+def _hit(found: tuple[Completion, float]) -> Lookup:
+    completion, created = found
+    return Lookup("HIT", completion=completion, age=max(0, int(time.time() - created)))
