@@ -20,8 +20,8 @@ from sluicegate.errors import (
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.middleware import send_error
 from sluicegate.observability.metrics import ADMISSION_REFUSED
+from sluicegate.paths import INFERENCE_PATHS
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 RETRY_AFTER_S = "1"
 
 

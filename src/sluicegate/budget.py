@@ -111,16 +111,17 @@ class TokenBudget:
         """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use."""
         ask = _Ask(max_tokens, min_tokens, "messages")
         limit = self._prompt_limit(ask)
-        if (truncation or self._policy.chat_truncation) == "disabled":
-            ids = await self._tokenizer.encode_chat(messages)
-            self._check_fits(len(ids), limit, ask.param)
-            return self._fitted([ids], len(ids), ask)
         encoding = await self._tokenizer.encode_chat_counted(messages)
         before = len(encoding.ids)
         if before <= limit:
             return self._fitted([encoding.ids], before, ask)
+        # Truncation off, or the completion alone asking for the whole context: a 400.
+        if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
+            self._check_fits(before, limit, ask.param)
         result = await truncate_chat(self._tokenizer, messages, encoding, limit)
         after = len(result.ids)
+        if after > limit and ask.insists(self._policy):
+            self._check_fits(before, limit, ask.param)
         if after > limit:
             raise ContextLengthExceededError(
                 f"This model's maximum context length is {self._max_model_len} tokens and the "
@@ -157,7 +158,7 @@ class TokenBudget:
 
     def _prompt_limit(self, ask: _Ask) -> int:
         """The most prompt tokens that leave the completion its minimum room."""
-        return self._max_model_len - ask.room(self._policy.min_completion_tokens)
+        return self._max_model_len - ask.room(self._policy)
 
     def _check_fits(self, prompt: int, limit: int, param: str) -> None:
         if prompt > limit:
@@ -198,8 +199,7 @@ class TokenBudget:
             return max(min(share, policy.default_max_tokens), least, ask.min_tokens), "default"
         if ask.max_tokens <= budget:
             return ask.max_tokens, "client"
-        if policy.overflow == "error":
-            self._check_fits(prompt, self._max_model_len - ask.max_tokens, ask.param)
+        # With overflow "error", the prompt limit already made room for all of max_tokens.
         return budget, "clamped"
 
 
@@ -212,10 +212,16 @@ class _Ask:
     param: str
     """The request field holding the prompt, named in errors."""
 
-    def room(self, min_completion_tokens: int) -> int:
-        """Completion tokens the prompt must leave: the minimum completion size, or the
-        client's smaller max_tokens, and never less than its min_tokens."""
-        room = min_completion_tokens
+    def insists(self, policy: BudgetPolicy) -> bool:
+        """Whether the client's max_tokens must fit whole (overflow "error") rather than
+        being clamped to what the prompt leaves."""
+        return self.max_tokens is not None and policy.overflow == "error"
+
+    def room(self, policy: BudgetPolicy) -> int:
+        """Completion tokens the prompt must leave: the client's max_tokens when it must fit
+        whole, else the minimum completion size or the client's smaller max_tokens; never
+        less than its min_tokens. Truncation makes this room."""
+        room = policy.min_completion_tokens
         if self.max_tokens is not None:
-            room = min(room, self.max_tokens)
+            room = self.max_tokens if self.insists(policy) else min(room, self.max_tokens)
         return max(room, self.min_tokens)

@@ -94,7 +94,8 @@ class CompletionService:
         self._engine = engine
         self._model_name = model_name
         self._limits = limits or RequestLimits()
-        self._budget_policy = budget or BudgetPolicy()
+        self._budget = TokenBudget(engine.tokenizer, engine.max_model_len, budget or BudgetPolicy())
+        self._text_prefix: int | None = None
 
     # ---- preparing ----------------------------------------------------------------------
 
@@ -109,7 +110,7 @@ class CompletionService:
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
         ]
-        fitted = await self._budget().fit_chat(
+        fitted = await self._budget.fit_chat(
             messages,
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
@@ -130,21 +131,23 @@ class CompletionService:
         self._check_sampling(request)
         prompts = await self._encode_prompts(request.prompt)
         as_text = isinstance(prompt, str) or isinstance(prompt[0], str)
-        fitted = await self._budget().fit_prompts(
+        fitted = await self._budget.fit_prompts(
             prompts,
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
             # Text prompts keep the special tokens the tokenizer puts first (a BOS).
-            keep_prefix=len(await self._engine.tokenizer.encode("")) if as_text else 0,
+            keep_prefix=await self._text_prefix_length() if as_text else 0,
         )
         fmt = completion_format(self._model_name, request.include_usage)
         options = self._options(request, fitted.max_tokens)
         return Run(fmt.id, fitted.prompts, options, fmt, request.include_usage, fitted.report)
 
-    def _budget(self) -> TokenBudget:
-        engine = self._engine
-        return TokenBudget(engine.tokenizer, engine.max_model_len, self._budget_policy)
+    async def _text_prefix_length(self) -> int:
+        """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""
+        if self._text_prefix is None:
+            self._text_prefix = len(await self._engine.tokenizer.encode(""))
+        return self._text_prefix
 
     def _check_model(self, model: str) -> None:
         if model != self._model_name:

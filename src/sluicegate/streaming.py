@@ -125,15 +125,14 @@ class EventStreamResponse(Response):
                             break
                         await send({"type": "http.response.body", "body": event, "more_body": True})
             except TimeoutError:
-                await send_error_event(send, DeadlineExceededError(_STALLED).to_body())
+                await send_error_event(send, DeadlineExceededError(_STALLED))
                 return
             except GatewayError as exc:
-                count_error(exc)
-                await send_error_event(send, exc.to_body())
+                await send_error_event(send, exc)
                 return
             except Exception:
                 logger.exception("stream failed after the first byte")
-                await send_error_event(send, GatewayError().to_body())
+                await send_error_event(send, GatewayError())
                 return
         await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
 
@@ -148,8 +147,10 @@ def next_deadline(now: float, deadline: float | None, stall_timeout: float | Non
     return min(candidates) if candidates else None
 
 
-async def send_error_event(send: Send, body: Mapping[str, Any]) -> None:
-    payload = sse_event(body) + SSE_DONE
+async def send_error_event(send: Send, error: GatewayError) -> None:
+    """End a started stream with `error` as its last event; counted like any error answer."""
+    count_error(error)
+    payload = sse_event(error.to_body()) + SSE_DONE
     await send({"type": "http.response.body", "body": payload, "more_body": True})
 
 

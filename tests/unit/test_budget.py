@@ -317,3 +317,26 @@ def test_completion_prompts_are_cut_when_configured_over_the_fake_engine() -> No
     assert cut.json()["usage"]["prompt_tokens"] == 48 == len(engine.requests[-1][1])
     with TestClient(fake_app(engine, completion_truncation="auto")) as client:
         assert client.post("/v1/completions", json=body).status_code == 200
+
+
+async def test_with_overflow_error_truncation_makes_room_for_the_whole_max_tokens(
+    hf_tokenizer: HFPromptTokenizer,
+) -> None:
+    messages = chat(12)
+    prompt = len(exact_ids(hf_tokenizer, messages))
+    # The prompt leaves 40 tokens; the client insists on 100: older turns go to make room.
+    strict = budget(hf_tokenizer, prompt + 40, overflow="error")
+    fitted = await strict.fit_chat(messages, max_tokens=100)
+    assert fitted.max_tokens == 100 and fitted.report.max_tokens_source == "client"
+    assert "drop_turns" in fitted.report.steps
+    assert len(fitted.prompts[0]) + 100 <= prompt + 40
+    # Text prompts: cut to leave the 50 asked for, not 16.
+    ids = list(range(1, 201))
+    cut = await budget(
+        hf_tokenizer, 100, overflow="error", completion_truncation="auto"
+    ).fit_prompts([ids], max_tokens=50, keep_prefix=1)
+    assert cut.max_tokens == 50 and len(cut.prompts[0]) == 50
+    # When nothing can make the room, the 400 gives the prompt as sent.
+    with pytest.raises(ContextLengthExceededError) as caught:
+        await strict.fit_chat(messages, max_tokens=prompt + 41)
+    assert f"({prompt} in the messages, {prompt + 41} in the completion)" in str(caught.value)

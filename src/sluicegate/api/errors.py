@@ -95,5 +95,6 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    count_error_kind(GatewayError.error_type, None)
-    return JSONResponse(GatewayError().to_body(), status_code=500)
+    error = GatewayError()
+    count_error(error)
+    return JSONResponse(error.to_body(), status_code=error.status_code)

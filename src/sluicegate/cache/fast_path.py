@@ -22,6 +22,7 @@ from sluicegate.cache.response_cache import CacheControl, HitShape, ResponseCach
 from sluicegate.errors import GatewayError
 from sluicegate.middleware import send_error
 from sluicegate.observability.record import current_request
+from sluicegate.paths import INFERENCE_PATHS
 from sluicegate.quota import ANONYMOUS, Quotas
 from sluicegate.responses import Completion, chat_format, completion_format
 from sluicegate.service import replay_events
@@ -29,7 +30,6 @@ from sluicegate.streaming import SSE_DONE, SSE_HEADERS
 
 FINGERPRINT = "cache_fingerprint"
 """Where the body's fingerprint goes in the request state, for the route's cache lookup."""
-PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
 
 
 class CacheHitMiddleware:
@@ -42,7 +42,7 @@ class CacheHitMiddleware:
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
-            or scope["path"] not in PATHS
+            or scope["path"] not in INFERENCE_PATHS
             or cache is None
             or _cache_control(scope).no_cache
         ):

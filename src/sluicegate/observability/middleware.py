@@ -26,11 +26,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluicegate.observability import metrics
 from sluicegate.observability.record import RequestRecord, close_request, open_request
+from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
 
 access_logger = logging.getLogger("sluicegate.access")
 
-INFERENCE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
-PROBES = frozenset({"/health", "/ready", "/metrics"})
 CLIENT_CLOSED = 499
 UNMATCHED = "unmatched"
 _CACHE_HEADER = b"x-cache"
@@ -76,7 +75,7 @@ class TelemetryMiddleware:
                 response.finished = time.perf_counter()
             await send(message)
 
-        inference = scope["path"] in INFERENCE_ENDPOINTS
+        inference = scope["path"] in INFERENCE_PATHS
         token = open_request(record)
         if inference:
             self.in_flight.inc()
@@ -93,7 +92,7 @@ class TelemetryMiddleware:
 
     def _account(self, scope: Scope, record: RequestRecord, response: _Response) -> None:
         endpoint = self._endpoint(scope)
-        model = self.model if endpoint in INFERENCE_ENDPOINTS else ""
+        model = self.model if endpoint in INFERENCE_PATHS else ""
         complete = response.finished is not None
         status = response.status if complete or response.status >= 500 else CLIENT_CLOSED
         ended = response.finished or time.perf_counter()
@@ -109,7 +108,7 @@ class TelemetryMiddleware:
             if timed is None:
                 timed = self._durations[endpoint] = metrics.REQUEST_DURATION.labels(endpoint, model)
             timed.observe(ended - record.started)
-        level = logging.DEBUG if scope["path"] in PROBES else logging.INFO
+        level = logging.DEBUG if scope["path"] in PROBE_PATHS else logging.INFO
         if access_logger.isEnabledFor(level):
             fields = _access_fields(scope, record, response, model, status, ended)
             access_logger.log(

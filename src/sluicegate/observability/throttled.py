@@ -25,15 +25,12 @@ class ThrottledWarning:
         self._last = -math.inf
         self._suppressed = 0
 
-    def warn(self, message: str, *args: object) -> bool:
-        """Log `message % args` unless a line went out less than `interval` ago.
-
-        Returns whether a line was written."""
+    def warn(self, message: str, *args: object) -> None:
+        """Log `message % args` unless a line went out less than `interval` ago."""
         now = self._clock()
         if now - self._last < self._interval:
             self._suppressed += 1
-            return False
+            return
         self._logger.warning(message + " (%d more since the last warning)", *args, self._suppressed)
         self._last = now
         self._suppressed = 0
-        return True

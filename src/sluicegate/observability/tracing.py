@@ -33,17 +33,18 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.util.types import AttributeValue
 
 from sluicegate import __version__
+from sluicegate.paths import PROBE_PATHS
 
 logger = logging.getLogger(__name__)
 
 TRACER_NAME = "sluicegate"
 # Probes and scrapes would be most of the spans and say nothing.
-UNTRACED_URLS = "/health$,/ready$,/metrics$"
+UNTRACED_URLS = ",".join(f"{path}$" for path in sorted(PROBE_PATHS))
 _EXPORTER_GROUP = "opentelemetry_traces_exporter"
 
 tracer = trace.get_tracer(TRACER_NAME, __version__)
-_NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 """sluicegate's tracer; a proxy that follows the global provider once the lifespan sets it."""
+_NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
 
 def span(

@@ -1,0 +1,8 @@
+"""The URL paths that middleware treats specially, named once."""
+
+from __future__ import annotations
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+"""Requests that reach the engine (or the response cache)."""
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
+"""Health probes and scrapes: not traced, logged at debug level."""
