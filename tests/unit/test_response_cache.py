@@ -492,3 +492,12 @@ async def test_hits_carry_the_budget_headers_of_the_original() -> None:
     budget = {k: v for k, v in first.headers.items() if k.startswith("x-budget-")}
     assert budget and second.headers["x-cache"] == "HIT"
     assert {k: v for k, v in second.headers.items() if k.startswith("x-budget-")} == budget
+
+
+async def test_entries_over_the_size_limit_are_not_stored() -> None:
+    engine = FakeEngine()
+    with serve_in_thread(fake_app(engine, cache_max_entry_bytes=64)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            outcomes = [(await post(client, chat())).headers["x-cache"] for _ in range(2)]
+    assert outcomes == ["MISS", "MISS"]
+    assert len(engine.requests) == 2
