@@ -26,19 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-METRICS = (
-    "request_throughput",
-    "output_throughput",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_tpot_ms",
-)
-HEADERS = ("req/s", "out tok/s", "median TTFT ms", "P99 TTFT ms", "median TPOT ms")
-# Higher is better for the first two; lower for the latencies.
-HIGHER_IS_BETTER = (True, True, False, False, False)
+HEADERS = (
+    "req/s", "out tok/s", "median TTFT ms", "mean TTFT ms", "P99 TTFT ms", "median TPOT ms",
+)  # fmt: skip
+# The warm-up's prompts; each level draws its own with seed = concurrency (always >= 1).
+WARMUP_SEED = 0
+# Per-request fields kept from a level's detailed result, for pooling over rounds.
+KEPT_FIELDS = ("ttfts", "latencies", "output_lens")
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
@@ -108,9 +106,19 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def drive(
-    port: int, model: str, concurrency: int, args: argparse.Namespace, num_prompts: int = 0
+    port: int,
+    model: str,
+    concurrency: int,
+    args: argparse.Namespace,
+    num_prompts: int = 0,
+    seed: int | None = None,
 ) -> dict[str, Any]:
-    """One level of vLLM's own benchmark, in this process."""
+    """One level of vLLM's own benchmark, in this process.
+
+    Each level draws its own prompts (seed = concurrency), so no level starts with prompts an
+    earlier level or the warm-up left in the prefix cache: with one seed for all, the random
+    dataset repeats its first prompts, and the first wave at 64 would be nearly free.
+    """
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -124,13 +132,52 @@ def drive(
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--ignore-eos",
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-        "--seed", "0", "--disable-tqdm",
+        "--seed", str(concurrency if seed is None else seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-detailed",
     ])  # fmt: skip
     result: dict[str, Any] = bench_main(bench_args)
     if result.get("failed"):
         raise SystemExit(f"{result['failed']} requests failed at concurrency {concurrency}")
+    for field in ("generated_texts", "itls", "errors", "input_lens", "start_times"):
+        result.pop(field, None)
     return result
+
+
+def summarize(levels: list[dict[str, Any]]) -> list[float]:
+    """One server's figures for one concurrency over all rounds, in `HEADERS` order.
+
+    Throughputs are the median over rounds. Latencies pool every request of every round, so
+    the median TTFT is the median request's, not the middle round's: at high concurrency a
+    round's median swings by seconds with how a wave of arrivals splits over engine steps.
+    TPOT is vLLM's: (latency - TTFT) / (output tokens - 1), per request.
+    """
+    ttfts = [t * 1000 for level in levels for t in level["ttfts"]]
+    tpots = [
+        (latency - ttft) * 1000 / (tokens - 1)
+        for level in levels
+        for ttft, latency, tokens in zip(
+            level["ttfts"], level["latencies"], level["output_lens"], strict=True
+        )
+        if tokens > 1
+    ]
+    return [
+        statistics.median(level["request_throughput"] for level in levels),
+        statistics.median(level["output_throughput"] for level in levels),
+        statistics.median(ttfts),
+        statistics.fmean(ttfts),
+        float(numpy.percentile(ttfts, 99)),
+        statistics.median(tpots),
+    ]
+
+
+def ratio_row(level: int, label: str, ours: list[float], theirs: list[float]) -> str:
+    ratios = [s / v if v else float("nan") for s, v in zip(ours, theirs, strict=True)]
+    return f"| {level} | **{label}** | " + " | ".join(f"**{r:.2f}x**" for r in ratios) + " |"
+
+
+def cells(values: list[float]) -> str:
+    return " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in values)
 
 
 def run_server(kind: str, model: str, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
@@ -139,7 +186,7 @@ def run_server(kind: str, model: str, args: argparse.Namespace) -> dict[int, dic
     process = start(kind, model, port, args, log)
     try:
         if args.warmup:
-            drive(port, model, 4, args, num_prompts=8)
+            drive(port, model, 4, args, num_prompts=8, seed=WARMUP_SEED)
         return {c: drive(port, model, c, args) for c in args.concurrency}
     finally:
         stop(process)
@@ -151,21 +198,10 @@ def table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]
         "|---|---|" + "---|" * len(HEADERS),
     ]
     for level in levels:
-        medians = {
-            kind: [statistics.median(r[level][m] for r in runs) for m in METRICS]
-            for kind, runs in results.items()
-        }
-        for kind in ("vllm", "sluicegate"):
-            cells = " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in medians[kind])
-            name = "vLLM server" if kind == "vllm" else "sluicegate"
-            lines.append(f"| {level} | {name} | {cells} |")
-        ratios = [
-            s / v if v else float("nan")
-            for s, v in zip(medians["sluicegate"], medians["vllm"], strict=True)
-        ]
-        lines.append(
-            f"| {level} | **ratio** | " + " | ".join(f"**{r:.2f}x**" for r in ratios) + " |"
-        )
+        figures = {kind: summarize([r[level] for r in runs]) for kind, runs in results.items()}
+        lines.append(f"| {level} | vLLM server | {cells(figures['vllm'])} |")
+        lines.append(f"| {level} | sluicegate | {cells(figures['sluicegate'])} |")
+        lines.append(ratio_row(level, "ratio", figures["sluicegate"], figures["vllm"]))
     return "\n".join(lines)
 
 

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -34,10 +33,20 @@ from typing import Any
 
 import httpx
 
-from compare_vllm import METRICS, RESULTS, cpu_model, drive, parse_args, stop
+from compare_vllm import (
+    HEADERS,
+    RESULTS,
+    WARMUP_SEED,
+    cells,
+    cpu_model,
+    drive,
+    parse_args,
+    ratio_row,
+    stop,
+    summarize,
+)
 
 VARIANTS = ("on", "off")
-HEADERS = ("req/s", "out tok/s", "median TTFT ms", "P99 TTFT ms", "median TPOT ms")
 
 
 # ---- the variant server (run in a child process) ------------------------------------------
@@ -173,7 +182,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
             "vllm": "vllm:num_requests_running{" in metrics,
         }
         if args.warmup:
-            drive(args.port, args.model, 4, args, num_prompts=8)
+            drive(args.port, args.model, 4, args, num_prompts=8, seed=WARMUP_SEED)
         levels = {c: drive(args.port, args.model, c, args) for c in args.concurrency}
         exported = None
         if sink is not None:
@@ -192,20 +201,13 @@ def table(results: dict[str, list[dict[str, Any]]], levels: list[int]) -> str:
         "|---|---|" + "---|" * len(HEADERS),
     ]
     for level in levels:
-        medians = {
-            variant: [statistics.median(r["levels"][level][m] for r in runs) for m in METRICS]
+        figures = {
+            variant: summarize([r["levels"][level] for r in runs])
             for variant, runs in results.items()
         }
         for variant in VARIANTS:
-            cells = " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in medians[variant])
-            lines.append(f"| {level} | {variant} | {cells} |")
-        ratios = [
-            on / off if off else float("nan")
-            for on, off in zip(medians["on"], medians["off"], strict=True)
-        ]
-        lines.append(
-            f"| {level} | **on / off** | " + " | ".join(f"**{r:.3f}x**" for r in ratios) + " |"
-        )
+            lines.append(f"| {level} | {variant} | {cells(figures[variant])} |")
+        lines.append(ratio_row(level, "on / off", figures["on"], figures["off"]))
     return "\n".join(lines)
 
 
