@@ -35,8 +35,6 @@ HEADERS = (
 )  # fmt: skip
 # The warm-up's prompts; each level draws its own with seed = concurrency (always >= 1).
 WARMUP_SEED = 0
-# Per-request fields kept from a level's detailed result, for pooling over rounds.
-KEPT_FIELDS = ("ttfts", "latencies", "output_lens")
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
@@ -139,7 +137,8 @@ def drive(
     result: dict[str, Any] = bench_main(bench_args)
     if result.get("failed"):
         raise SystemExit(f"{result['failed']} requests failed at concurrency {concurrency}")
-    for field in ("generated_texts", "itls", "errors", "input_lens", "start_times"):
+    # Keep the per-request timings (pooled over rounds by `summarize`), not the texts.
+    for field in ("generated_texts", "itls", "errors", "input_lens"):
         result.pop(field, None)
     return result
 
