@@ -214,6 +214,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine() -> str:
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def publish(name: str, heading: str, results: Any, report: str) -> None:
+    """Print the table under its heading; keep it and the raw results in `bench/results`."""
+    print(f"\n{heading}\n")
+    print(report)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"{name}-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
+    (RESULTS / f"{name}-{stamp}.md").write_text(report + "\n")
+
+
 def parse_args(
     description: str,
     concurrency: list[int],
@@ -259,15 +272,13 @@ def main() -> None:
             print(f"--- round {round_index + 1}: {kind}", flush=True)
             results[kind].append(run_server(kind, args.model, args))
 
-    cpu = cpu_model()
-    machine = f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    report = table(results, args.concurrency)
     shape = f"{args.input_len} tokens in / {args.output_len} out"
-    print(f"\nMachine: {machine}; rounds: {args.rounds}; {shape}\n")
-    print(report)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
-    (RESULTS / f"compare-{stamp}.md").write_text(report + "\n")
+    publish(
+        "compare",
+        f"Machine: {machine()}; rounds: {args.rounds}; {shape}",
+        results,
+        table(results, args.concurrency),
+    )
 
 
 if __name__ == "__main__":

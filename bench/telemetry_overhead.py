@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -38,9 +37,10 @@ from compare_vllm import (
     RESULTS,
     WARMUP_SEED,
     cells,
-    cpu_model,
     drive,
+    machine,
     parse_args,
+    publish,
     ratio_row,
     stop,
     summarize,
@@ -226,14 +226,9 @@ def main() -> None:
             print(f"    series {outcome['series']}, exported {outcome['exported']}", flush=True)
             results[variant].append(outcome)
 
-    machine = f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    report = table(results, args.concurrency)
     elapsed = time.monotonic() - started
-    print(f"\nMachine: {machine}; rounds: {args.rounds}; took {elapsed / 60:.1f} min\n")
-    print(report)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (RESULTS / f"telemetry-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
-    (RESULTS / f"telemetry-{stamp}.md").write_text(report + "\n")
+    heading = f"Machine: {machine()}; rounds: {args.rounds}; took {elapsed / 60:.1f} min"
+    publish("telemetry", heading, results, table(results, args.concurrency))
 
 
 if __name__ == "__main__":
