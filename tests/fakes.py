@@ -54,13 +54,20 @@ class FakeEngine:
     """Per-word delays; overrides `step_delay` where given."""
     healthy: bool = True
     requests: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        *,
+        arrival_time: float,
     ) -> AsyncIterator[EngineStep]:
         self.requests.append((request_id, prompt_token_ids, options))
+        self.arrivals.append(arrival_time)
         if self.fail_before_output is not None:
             raise self.fail_before_output
         self.active.add(request_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -50,6 +51,8 @@ class Run:
     prompts: list[list[int]]
     options: SamplingOptions
     format: ResponseFormat
+    arrival_time: float
+    """Wall-clock time (`time.time()`) at which preparing the request began."""
     include_usage: bool = False
     budget: BudgetReport | None = None
 
@@ -100,6 +103,7 @@ class CompletionService:
     # ---- preparing ----------------------------------------------------------------------
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> Run:
+        arrival_time = time.time()
         self._check_model(request.model)
         if len(request.messages) > self._limits.max_messages:
             raise InvalidRequestError(
@@ -118,9 +122,12 @@ class CompletionService:
         )
         fmt = chat_format(self._model_name, request.include_usage)
         options = self._options(request, fitted.max_tokens)
-        return Run(fmt.id, fitted.prompts, options, fmt, request.include_usage, fitted.report)
+        return Run(
+            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+        )
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
+        arrival_time = time.time()
         self._check_model(request.model)
         prompt = request.prompt
         batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
@@ -141,7 +148,9 @@ class CompletionService:
         )
         fmt = completion_format(self._model_name, request.include_usage)
         options = self._options(request, fitted.max_tokens)
-        return Run(fmt.id, fitted.prompts, options, fmt, request.include_usage, fitted.report)
+        return Run(
+            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+        )
 
     async def _text_prefix_length(self) -> int:
         """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""
@@ -260,7 +269,12 @@ class CompletionService:
         ) as telemetry:
             if len(run.prompts) == 1:
                 async with contextlib.aclosing(
-                    self._engine.generate(run.engine_request_id(0), run.prompts[0], run.options)
+                    self._engine.generate(
+                        run.engine_request_id(0),
+                        run.prompts[0],
+                        run.options,
+                        arrival_time=run.arrival_time,
+                    )
                 ) as steps:
                     async for step in steps:
                         telemetry.step(0, step)
@@ -352,7 +366,12 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, Eng
 
     async def pump(index: int) -> None:
         try:
-            steps = engine.generate(run.engine_request_id(index), run.prompts[index], run.options)
+            steps = engine.generate(
+                run.engine_request_id(index),
+                run.prompts[index],
+                run.options,
+                arrival_time=run.arrival_time,
+            )
             async with contextlib.aclosing(steps):
                 async for step in steps:
                     queue.put_nowait((index, step))

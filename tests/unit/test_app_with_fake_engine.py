@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -141,6 +142,22 @@ def test_every_request_gets_its_own_engine_request_id(
     for _ in range(3):
         client.post("/v1/chat/completions", json=chat_body(), headers={"x-request-id": "same"})
     assert len({r[0] for r in engine.requests}) == 3
+
+
+def test_engine_requests_carry_the_time_the_gateway_began_preparing_them(
+    client: TestClient, engine: FakeEngine
+) -> None:
+    # The engine's own latency metrics count from it, so they include the gateway's share.
+    before = time.time()
+    client.post("/v1/chat/completions", json=chat_body(stream=True))
+    middle = time.time()
+    body = {"model": MODEL, "prompt": ["a", "b c"], "max_tokens": 2}
+    client.post("/v1/completions", json=body)
+    after = time.time()
+    chat, *batch = engine.arrivals
+    assert before <= chat <= middle
+    assert len(batch) == 2 and batch[0] == batch[1], "one arrival for every prompt of a request"
+    assert middle <= batch[0] <= after
 
 
 def test_ready_follows_engine_health(client: TestClient, engine: FakeEngine) -> None:

@@ -245,10 +245,15 @@ class FailsFirst(FakeEngine):
     """Fails the first generation after one word; every later one succeeds."""
 
     async def generate(  # type: ignore[override]
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        *,
+        arrival_time: float,
     ) -> AsyncIterator[EngineStep]:
         first = not self.requests
-        steps = super().generate(request_id, prompt_token_ids, options)
+        steps = super().generate(request_id, prompt_token_ids, options, arrival_time=arrival_time)
         async for step in steps:
             yield step
             if first:

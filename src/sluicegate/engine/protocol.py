@@ -108,9 +108,17 @@ class EngineClient(Protocol):
     def max_model_len(self) -> int: ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        *,
+        arrival_time: float,
     ) -> AsyncGenerator[EngineStep, None]:
         """Stream the request's outputs. Closing the iterator early aborts the request.
+
+        `arrival_time` (wall clock, `time.time()`) is when the gateway began preparing the
+        request: the engine's own latency metrics count from it, as behind vLLM's server.
 
         Raises `errors.EngineUnavailableError` when the engine cannot serve, and
         `errors.InvalidRequestError` when it refuses the input.

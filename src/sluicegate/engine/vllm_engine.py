@@ -107,7 +107,12 @@ class VLLMEngine:
         return self._max_model_len
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], options: SamplingOptions
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        options: SamplingOptions,
+        *,
+        arrival_time: float,
     ) -> AsyncGenerator[EngineStep, None]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -117,7 +122,11 @@ class VLLMEngine:
             raise EngineUnavailableError()
         try:
             params = _sampling_params(options)
-            stream = self._llm.generate(tokens_input(prompt_token_ids), params, request_id)
+            prompt = tokens_input(prompt_token_ids)
+            # vLLM's server stamps the arrival before it renders and tokenizes; so do we, or
+            # `vllm:time_to_first_token_seconds` would leave out the gateway's share.
+            prompt["arrival_time"] = arrival_time
+            stream = self._llm.generate(prompt, params, request_id)
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
             async with contextlib.aclosing(stream):

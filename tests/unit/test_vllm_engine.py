@@ -1,0 +1,46 @@
+"""The vLLM adapter's hand-off to `AsyncLLM`, against a stand-in that records its calls.
+
+The stand-in is not vLLM: it only captures what the adapter passes. The real engine runs in
+the integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.engine.vllm_engine import VLLMEngine
+
+
+class RecordingLLM:
+    """Answers every request with one finished output of one token."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Any, str]] = []
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        self.calls.append((prompt, params, request_id))
+        output = SimpleNamespace(
+            index=0, text="Hi", token_ids=[7], finish_reason="length", logprobs=None
+        )
+        yield SimpleNamespace(outputs=[output], prompt_token_ids=[1, 2, 3], finished=True)
+
+
+async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> None:
+    llm = RecordingLLM()
+    engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
+    options = SamplingOptions(max_tokens=1, temperature=0.0)
+    steps = [
+        step async for step in engine.generate("req-1", [1, 2, 3], options, arrival_time=123.5)
+    ]
+    assert [c.text for c in steps[0].choices] == ["Hi"] and steps[0].finished
+    prompt, params, request_id = llm.calls[0]
+    assert request_id == "req-1"
+    assert prompt["prompt_token_ids"] == [1, 2, 3]
+    # vLLM's engine reads this as the request's arrival: its TTFT and e2e latency count from
+    # it, as they do behind vLLM's server, which stamps it before rendering the prompt.
+    assert prompt["arrival_time"] == 123.5
+    assert (params.max_tokens, params.temperature) == (1, 0.0)
