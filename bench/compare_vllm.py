@@ -35,6 +35,9 @@ HEADERS = (
 )  # fmt: skip
 # The warm-up's prompts; each level draws its own with seed = concurrency (always >= 1).
 WARMUP_SEED = 0
+# First tokens closer than this came out of one engine step (a prefill step of one 128-token
+# prompt takes hundreds of ms on a CPU; the tokens of one step reach the client within ms).
+FIRST_TOKEN_GAP_S = 0.15
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
@@ -204,6 +207,33 @@ def table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]
     return "\n".join(lines)
 
 
+def first_token_groups(level: dict[str, Any], gap_s: float = FIRST_TOKEN_GAP_S) -> list[int]:
+    """How many requests got their first token together, group after group, in one level.
+
+    A group is one engine step's worth: first tokens less than `gap_s` apart. With requests
+    sent in waves, this shows how each wave split over the engine's steps (the TTFT median
+    hangs on it)."""
+    firsts = sorted(s + t for s, t in zip(level["start_times"], level["ttfts"], strict=True))
+    sizes: list[int] = []
+    previous = None
+    for first in firsts:
+        if previous is None or first - previous >= gap_s:
+            sizes.append(0)
+        sizes[-1] += 1
+        previous = first
+    return sizes
+
+
+def splits(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
+    """Per level above 1, each round's first-token groups, for each server."""
+    lines = ["| concurrency | server | first-token groups, round by round |", "|---|---|---|"]
+    for level in (c for c in levels if c > 1):
+        for kind, runs in results.items():
+            rounds = "; ".join("+".join(map(str, first_token_groups(r[level]))) for r in runs)
+            lines.append(f"| {level} | {kind} | {rounds} |")
+    return "\n".join(lines)
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -277,7 +307,7 @@ def main() -> None:
         "compare",
         f"Machine: {machine()}; rounds: {args.rounds}; {shape}",
         results,
-        table(results, args.concurrency),
+        table(results, args.concurrency) + "\n\n" + splits(results, args.concurrency),
     )
 
 

@@ -1,0 +1,31 @@
+"""The core benchmark's reading of how requests' first tokens group into engine steps."""
+
+from __future__ import annotations
+
+from bench.compare_vllm import first_token_groups, splits
+
+
+def level(first_tokens: list[float]) -> dict[str, list[float]]:
+    # Start times are arbitrary: only start + TTFT (the first token's time) counts.
+    starts = [10.0 + i for i in range(len(first_tokens))]
+    return {
+        "start_times": starts,
+        "ttfts": [f - s for f, s in zip(first_tokens, starts, strict=True)],
+    }
+
+
+def test_first_tokens_close_together_count_as_one_step() -> None:
+    # A wave of 4 whose first arrival was prefilled alone, then 3 together, then a wave again.
+    firsts = [20.0, 20.41, 20.412, 20.415, 26.0, 26.003, 26.4, 26.401]
+    assert first_token_groups(level(firsts)) == [1, 3, 2, 2]
+
+
+def test_order_of_requests_does_not_matter() -> None:
+    assert first_token_groups(level([30.0, 20.0, 20.001])) == [2, 1]
+
+
+def test_the_split_table_has_a_row_per_level_above_1_and_server() -> None:
+    wave = level([20.0, 20.5, 20.501])
+    results = {"vllm": [{1: wave, 3: wave}], "sluicegate": [{1: wave, 3: wave}, {1: wave, 3: wave}]}
+    rows = splits(results, [1, 3]).splitlines()[2:]
+    assert rows == ["| 3 | vllm | 1+2 |", "| 3 | sluicegate | 1+2; 1+2 |"]
