@@ -234,6 +234,32 @@ def splits(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int
     return "\n".join(lines)
 
 
+def round_ratios(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
+    """Per level, each round's sluicegate / vLLM ratio of output tok/s and of median TTFT.
+
+    Both servers of a round ran minutes apart on the same machine, so the spread of these
+    ratios over the rounds is the noise the pooled ratio in the main table carries."""
+    lines = [
+        "| concurrency | out tok/s ratio, round by round | median TTFT ratio, round by round |",
+        "|---|---|---|",
+    ]
+    for level in levels:
+        pairs = list(zip(results["sluicegate"], results["vllm"], strict=True))
+        throughput = [
+            s[level]["output_throughput"] / v[level]["output_throughput"] for s, v in pairs
+        ]
+        ttft = [
+            statistics.median(s[level]["ttfts"]) / statistics.median(v[level]["ttfts"])
+            for s, v in pairs
+        ]
+        lines.append(f"| {level} | {_ratios(throughput)} | {_ratios(ttft)} |")
+    return "\n".join(lines)
+
+
+def _ratios(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}x" for v in values)
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -307,7 +333,13 @@ def main() -> None:
         "compare",
         f"Machine: {machine()}; rounds: {args.rounds}; {shape}",
         results,
-        table(results, args.concurrency) + "\n\n" + splits(results, args.concurrency),
+        "\n\n".join(
+            [
+                table(results, args.concurrency),
+                round_ratios(results, args.concurrency),
+                splits(results, args.concurrency),
+            ]
+        ),
     )
 
 

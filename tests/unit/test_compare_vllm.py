@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.compare_vllm import first_token_groups, splits
+from bench.compare_vllm import first_token_groups, round_ratios, splits
 
 
 def level(first_tokens: list[float]) -> dict[str, list[float]]:
@@ -29,3 +29,15 @@ def test_the_split_table_has_a_row_per_level_above_1_and_server() -> None:
     results = {"vllm": [{1: wave, 3: wave}], "sluicegate": [{1: wave, 3: wave}, {1: wave, 3: wave}]}
     rows = splits(results, [1, 3]).splitlines()[2:]
     assert rows == ["| 3 | vllm | 1+2 |", "| 3 | sluicegate | 1+2; 1+2 |"]
+
+
+def test_each_round_pairs_the_servers_that_ran_in_it() -> None:
+    def run(throughput: float, ttfts: list[float]) -> dict[int, dict[str, object]]:
+        return {1: {"output_throughput": throughput, "ttfts": ttfts}}
+
+    results = {
+        "vllm": [run(20.0, [0.5, 0.6, 0.7]), run(10.0, [1.0, 2.0])],
+        "sluicegate": [run(19.0, [0.66, 0.7, 0.1]), run(11.0, [1.5, 1.5])],
+    }
+    rows = round_ratios(results, [1]).splitlines()
+    assert rows[2] == "| 1 | 0.95x, 1.10x | 1.10x, 1.00x |"
