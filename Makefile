@@ -67,7 +67,7 @@ typecheck: $(DEV_STAMP)
 check: lint typecheck
 
 bench: install $(DEV_STAMP)
-	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3
+	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3 --min-prompts 16
 
 # The cache-hit path against a bare FastAPI endpoint, with wrk (installed here if missing).
 bench-cache: install $(DEV_STAMP)

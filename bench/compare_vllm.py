@@ -1,11 +1,16 @@
 """sluicegate against vLLM's own OpenAI server, same model, same engine flags, one run.
 
-Each server is started in turn on a loopback port and driven by vLLM's benchmark module
-(`vllm.benchmarks.serve`) with random prompts (128 tokens in, 64 out, `--ignore-eos`) at
-each concurrency level. The table reports both servers and the ratio sluicegate / vLLM.
+Both servers are started once, each on its own loopback port, and take turns: the one not
+being measured is frozen (SIGSTOP to its process group), so its idle engine takes no core.
+Each turn is one concurrency level of vLLM's benchmark module (`vllm.benchmarks.serve`) with
+random prompts (128 tokens in, 64 out, `--ignore-eos`). Both servers run each level of a
+round back to back, in alternating order (vLLM then sluicegate, then sluicegate then vLLM
+for the next level, and so on), so the two runs of a pair are minutes apart at most and the
+machine's drift falls on both sides alike. The table reports both servers and the ratio
+sluicegate / vLLM.
 
     .venv/bin/python bench/compare_vllm.py                  # 1, 16 and 64 concurrent
-    .venv/bin/python bench/compare_vllm.py --rounds 2       # A B, then B A; medians
+    .venv/bin/python bench/compare_vllm.py --rounds 4       # pooled over four rounds
 
 Absolute numbers drift between machines and runs; the ratios are the result.
 """
@@ -33,6 +38,7 @@ RESULTS = ROOT / "bench" / "results"
 HEADERS = (
     "req/s", "out tok/s", "median TTFT ms", "mean TTFT ms", "P99 TTFT ms", "median TPOT ms",
 )  # fmt: skip
+KINDS = ("vllm", "sluicegate")
 # The warm-up's prompts; each level draws its own with seed = concurrency (always >= 1).
 WARMUP_SEED = 0
 # First tokens closer than this came out of one engine step (a prefill step of one 128-token
@@ -86,24 +92,52 @@ def start(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"{kind} server exited early; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
+        if healthy(port):
+            return process
         time.sleep(1)
     stop(process)
     raise SystemExit(f"{kind} server not ready in 600 s; see {log}")
 
 
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGCONT)  # a frozen server only sees SIGTERM once thawed
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+def freeze(process: subprocess.Popen[bytes]) -> None:
+    """Stop every process of the server (API, engine core, workers) where it is."""
+    os.killpg(process.pid, signal.SIGSTOP)
+
+
+def thaw(process: subprocess.Popen[bytes], port: int) -> None:
+    """Resume a frozen server and wait until it answers `/health` again."""
+    os.killpg(process.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if healthy(port):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"server on port {port} did not answer after being thawed")
+
+
+def level_seed(round_index: int, concurrency: int) -> int:
+    """Prompts of one level in one round: both servers get the same ones, and no level of any
+    round starts with prompts an earlier one left in the prefix cache (the servers live
+    through all rounds). The first round keeps seed = concurrency, as before."""
+    return 1000 * round_index + concurrency
 
 
 def drive(
@@ -116,9 +150,10 @@ def drive(
 ) -> dict[str, Any]:
     """One level of vLLM's own benchmark, in this process.
 
-    Each level draws its own prompts (seed = concurrency), so no level starts with prompts an
-    earlier level or the warm-up left in the prefix cache: with one seed for all, the random
-    dataset repeats its first prompts, and the first wave at 64 would be nearly free.
+    Each level draws its own prompts (seed = concurrency unless given), so no level starts
+    with prompts an earlier level or the warm-up left in the prefix cache: with one seed for
+    all, the random dataset repeats its first prompts, and the first wave at 64 would be
+    nearly free.
     """
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
@@ -182,16 +217,45 @@ def cells(values: list[float]) -> str:
     return " | ".join(f"{v:.2f}" if v < 100 else f"{v:.0f}" for v in values)
 
 
-def run_server(kind: str, model: str, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
-    port = args.port
-    log = RESULTS / f"{kind}-server.log"
-    process = start(kind, model, port, args, log)
+def turns(rounds: int, levels: list[int]) -> list[tuple[int, int, tuple[str, str]]]:
+    """`(round, level, order)` in running order. The order flips from one level to the next
+    and from one round to the next, so over an even number of rounds each level has each
+    server first equally often."""
+    schedule = []
+    for round_index in range(rounds):
+        for level_index, level in enumerate(levels):
+            flip = (round_index + level_index) % 2
+            schedule.append((round_index, level, KINDS[::-1] if flip else KINDS))
+    return schedule
+
+
+def run_turns(model: str, args: argparse.Namespace) -> dict[str, list[dict[int, dict[str, Any]]]]:
+    """Both servers through every round and level; per server, one `{level: result}` per round."""
+    ports = {kind: args.port + i for i, kind in enumerate(KINDS)}
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    results: dict[str, list[dict[int, dict[str, Any]]]] = {
+        kind: [{} for _ in range(args.rounds)] for kind in KINDS
+    }
     try:
-        if args.warmup:
-            drive(port, model, 4, args, num_prompts=8, seed=WARMUP_SEED)
-        return {c: drive(port, model, c, args) for c in args.concurrency}
+        for kind in KINDS:
+            processes[kind] = start(kind, model, ports[kind], args, RESULTS / f"{kind}-server.log")
+            if args.warmup:
+                drive(ports[kind], model, 4, args, num_prompts=8, seed=WARMUP_SEED)
+            freeze(processes[kind])
+        for round_index, level, order in turns(args.rounds, args.concurrency):
+            for kind in order:
+                print(f"--- round {round_index + 1}, concurrency {level}: {kind}", flush=True)
+                thaw(processes[kind], ports[kind])
+                try:
+                    results[kind][round_index][level] = drive(
+                        ports[kind], model, level, args, seed=level_seed(round_index, level)
+                    )
+                finally:
+                    freeze(processes[kind])
     finally:
-        stop(process)
+        for process in processes.values():
+            stop(process)
+    return results
 
 
 def table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
@@ -237,8 +301,8 @@ def splits(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int
 def round_ratios(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
     """Per level, each round's sluicegate / vLLM ratio of output tok/s and of median TTFT.
 
-    Both servers of a round ran minutes apart on the same machine, so the spread of these
-    ratios over the rounds is the noise the pooled ratio in the main table carries."""
+    Both servers ran a level of a round back to back on the same machine, so the spread of
+    these ratios over the rounds is the noise the pooled ratio in the main table carries."""
     lines = [
         "| concurrency | out tok/s ratio, round by round | median TTFT ratio, round by round |",
         "|---|---|---|",
@@ -304,7 +368,7 @@ def parse_args(
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-gib", type=int, default=4)
     parser.add_argument("--port", type=int, default=port)
-    parser.add_argument("--rounds", type=int, default=rounds, help="alternate the order each round")
+    parser.add_argument("--rounds", type=int, default=rounds, help="repeat every level")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     if extra is not None:
         extra(parser)
@@ -321,13 +385,7 @@ def parse_args(
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], [1, 16, 64], 2, 8, 1, 8790)
 
-    results: dict[str, list[dict[int, dict[str, Any]]]] = {"vllm": [], "sluicegate": []}
-    for round_index in range(args.rounds):
-        order = ["vllm", "sluicegate"] if round_index % 2 == 0 else ["sluicegate", "vllm"]
-        for kind in order:
-            print(f"--- round {round_index + 1}: {kind}", flush=True)
-            results[kind].append(run_server(kind, args.model, args))
-
+    results = run_turns(args.model, args)
     shape = f"{args.input_len} tokens in / {args.output_len} out"
     publish(
         "compare",

@@ -29,10 +29,19 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from compare_vllm import RESULTS, WARMUP_SEED, drive, machine, parse_args, publish, start, stop
+from compare_vllm import (
+    KINDS,
+    RESULTS,
+    WARMUP_SEED,
+    drive,
+    machine,
+    parse_args,
+    publish,
+    start,
+    stop,
+)
 
 ENGINE_TTFT = "vllm:time_to_first_token_seconds"
-KINDS = ("vllm", "sluicegate")
 
 
 def histogram_totals(exposition: str, name: str) -> tuple[float, float]:

@@ -1,8 +1,9 @@
-"""The core benchmark's reading of how requests' first tokens group into engine steps."""
+"""The core benchmark: its schedule of turns, and its reading of how requests' first tokens
+group into engine steps."""
 
 from __future__ import annotations
 
-from bench.compare_vllm import first_token_groups, round_ratios, splits
+from bench.compare_vllm import first_token_groups, level_seed, round_ratios, splits, turns
 
 
 def level(first_tokens: list[float]) -> dict[str, list[float]]:
@@ -41,3 +42,26 @@ def test_each_round_pairs_the_servers_that_ran_in_it() -> None:
     }
     rows = round_ratios(results, [1]).splitlines()
     assert rows[2] == "| 1 | 0.95x, 1.10x | 1.10x, 1.00x |"
+
+
+def test_turns_pair_the_servers_per_level_and_alternate_who_goes_first() -> None:
+    schedule = turns(2, [1, 16, 64])
+    assert [(r, c) for r, c, _ in schedule] == [(0, 1), (0, 16), (0, 64), (1, 1), (1, 16), (1, 64)]
+    vllm_first = [order == ("vllm", "sluicegate") for _, _, order in schedule]
+    assert vllm_first == [True, False, True, False, True, False]
+    # Every turn runs both servers once.
+    assert all(sorted(order) == ["sluicegate", "vllm"] for _, _, order in schedule)
+    # Over an even number of rounds, each level has each server first equally often.
+    for level in (1, 16, 64):
+        firsts = [order[0] for _, c, order in turns(4, [1, 16, 64]) if c == level]
+        assert sorted(firsts) == ["sluicegate", "sluicegate", "vllm", "vllm"]
+    for level in (1, 16):  # with an even number of levels too
+        firsts = [order[0] for _, c, order in turns(2, [1, 16]) if c == level]
+        assert sorted(firsts) == ["sluicegate", "vllm"]
+
+
+def test_no_two_turns_share_prompts() -> None:
+    seeds = [level_seed(r, c) for r, c, _ in turns(4, [1, 16, 64])]
+    assert len(set(seeds)) == len(seeds)
+    assert level_seed(0, 16) == 16  # the first round draws what earlier invocations drew
+    assert 0 not in seeds  # the warm-up's seed
