@@ -39,7 +39,7 @@ HEADERS = (
     "req/s", "out tok/s", "median TTFT ms", "mean TTFT ms", "P99 TTFT ms", "median TPOT ms",
 )  # fmt: skip
 KINDS = ("vllm", "sluicegate")
-# The warm-up's prompts; each level draws its own with seed = concurrency (always >= 1).
+# The warm-up's prompts; each level of each round draws its own (`level_seed`, always >= 1).
 WARMUP_SEED = 0
 # First tokens closer than this came out of one engine step (a prefill step of one 128-token
 # prompt takes hundreds of ms on a CPU; the tokens of one step reach the client within ms).
@@ -88,22 +88,25 @@ def start(
             server_command(kind, model, port, args), stdout=out, stderr=subprocess.STDOUT,
             env=env, start_new_session=True,
         )  # fmt: skip
-    deadline = time.monotonic() + 600
+    wait_ready(f"http://127.0.0.1:{port}/health", process, f"{kind} server (see {log})", 600)
+    return process
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
+    """Until `url` answers 200. If the process exits first, or `timeout_s` passes (the process
+    is then stopped), the benchmark ends with `what` in its message."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"{kind} server exited early; see {log}")
-        if healthy(port):
-            return process
-        time.sleep(1)
+            raise SystemExit(f"{what} exited early")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
     stop(process)
-    raise SystemExit(f"{kind} server not ready in 600 s; see {log}")
-
-
-def healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    raise SystemExit(f"{what} not ready in {timeout_s:.0f} s")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -125,12 +128,7 @@ def freeze(process: subprocess.Popen[bytes]) -> None:
 def thaw(process: subprocess.Popen[bytes], port: int) -> None:
     """Resume a frozen server and wait until it answers `/health` again."""
     os.killpg(process.pid, signal.SIGCONT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if healthy(port):
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"server on port {port} did not answer after being thawed")
+    wait_ready(f"http://127.0.0.1:{port}/health", process, f"server on port {port}, thawed,", 60)
 
 
 def level_seed(round_index: int, concurrency: int) -> int:
@@ -307,8 +305,8 @@ def round_ratios(results: dict[str, list[dict[int, dict[str, Any]]]], levels: li
         "| concurrency | out tok/s ratio, round by round | median TTFT ratio, round by round |",
         "|---|---|---|",
     ]
+    pairs = list(zip(results["sluicegate"], results["vllm"], strict=True))
     for level in levels:
-        pairs = list(zip(results["sluicegate"], results["vllm"], strict=True))
         throughput = [
             s[level]["output_throughput"] / v[level]["output_throughput"] for s, v in pairs
         ]

@@ -30,7 +30,6 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from compare_vllm import (
-    KINDS,
     RESULTS,
     WARMUP_SEED,
     drive,
@@ -39,6 +38,7 @@ from compare_vllm import (
     publish,
     start,
     stop,
+    turns,
 )
 
 ENGINE_TTFT = "vllm:time_to_first_token_seconds"
@@ -151,8 +151,8 @@ def main() -> None:
 
     args = parse_args(__doc__.splitlines()[0], [1], 1, 1, 1, 8792, extra)
     runs: list[dict[str, Any]] = []
-    for repeat in range(args.repeats):
-        for kind in KINDS if repeat % 2 == 0 else KINDS[::-1]:
+    for repeat, _, order in turns(args.repeats, [args.level]):
+        for kind in order:
             print(f"--- repeat {repeat + 1}: {kind}", flush=True)
             runs.append({"kind": kind, "repeat": repeat, **measure(kind, repeat, args)})
     heading = (

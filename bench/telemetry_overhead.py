@@ -44,6 +44,7 @@ from compare_vllm import (
     ratio_row,
     stop,
     summarize,
+    wait_ready,
 )
 
 VARIANTS = ("on", "off")
@@ -137,21 +138,6 @@ def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pope
         )
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"exited early; see {log}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(process)
-    raise SystemExit(f"not ready in {timeout:.0f} s; see {log}")
-
-
 def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {
         **os.environ,
@@ -164,7 +150,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     if variant == "on":
         sink_log = RESULTS / "telemetry-sink.log"
         sink = spawn([sys.executable, __file__, "--sink", str(args.sink_port)], sink_log, env)
-        wait_ready(f"http://127.0.0.1:{args.sink_port}/", sink, sink_log, 30)
+        wait_ready(f"http://127.0.0.1:{args.sink_port}/", sink, f"sink (see {sink_log})", 30)
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{args.sink_port}"
         env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
     serve_args = [
@@ -175,7 +161,9 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     log = RESULTS / f"telemetry-{variant}-server.log"
     server = spawn([sys.executable, __file__, "--serve", variant, "--", *serve_args], log, env)
     try:
-        wait_ready(f"http://127.0.0.1:{args.port}/ready", server, log, 600)
+        wait_ready(
+            f"http://127.0.0.1:{args.port}/ready", server, f"{variant} server (see {log})", 600
+        )
         metrics = httpx.get(f"http://127.0.0.1:{args.port}/metrics", timeout=10).text
         series = {
             "sluicegate": "sluicegate_requests_total{" in metrics,

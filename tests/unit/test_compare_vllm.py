@@ -1,9 +1,21 @@
-"""The core benchmark: its schedule of turns, and its reading of how requests' first tokens
-group into engine steps."""
+"""The core benchmark: waiting for servers, its schedule of turns, and its reading of how
+requests' first tokens group into engine steps."""
 
 from __future__ import annotations
 
-from bench.compare_vllm import first_token_groups, level_seed, round_ratios, splits, turns
+import socket
+import subprocess
+import sys
+
+import pytest
+from bench.compare_vllm import (
+    first_token_groups,
+    level_seed,
+    round_ratios,
+    splits,
+    turns,
+    wait_ready,
+)
 
 
 def level(first_tokens: list[float]) -> dict[str, list[float]]:
@@ -65,3 +77,21 @@ def test_no_two_turns_share_prompts() -> None:
     assert len(set(seeds)) == len(seeds)
     assert level_seed(0, 16) == 16  # the first round draws what earlier invocations drew
     assert 0 not in seeds  # the warm-up's seed
+
+
+def test_waiting_for_a_server_ends_when_it_answers_or_exits() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/", server, "file server", 30)
+    finally:
+        server.kill()
+        server.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    with pytest.raises(SystemExit, match="gone exited early"):
+        wait_ready(f"http://127.0.0.1:{port}/", gone, "gone", 30)
