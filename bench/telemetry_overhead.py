@@ -59,7 +59,7 @@ def serve_variant(variant: str, argv: list[str]) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         import sluicegate.app
-        import sluicegate.service
+        import sluicegate.inference.service
 
         class Passthrough:
             def __init__(self, app: Any, **_: Any) -> None:
@@ -87,7 +87,7 @@ def serve_variant(variant: str, argv: list[str]) -> None:
             return start(*args, **{**kwargs, "disable_log_stats": True})
 
         sluicegate.app.TelemetryMiddleware = Passthrough  # type: ignore[assignment,misc]
-        sluicegate.service.GenerationTelemetry = NoTelemetry  # type: ignore[assignment,misc]
+        sluicegate.inference.service.GenerationTelemetry = NoTelemetry  # type: ignore[assignment,misc]
         AsyncLLM.from_vllm_config = without_stats  # type: ignore[method-assign]
         os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         os.environ["OTEL_TRACES_EXPORTER"] = "none"

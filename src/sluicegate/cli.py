@@ -83,8 +83,8 @@ def _serve(overrides: dict[str, Any]) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         if settings.model is None:
-            prepare_bundled_model(settings)
-        resolve_model(settings)
+            prepare_bundled_model(settings.model_cache_dir)
+        resolve_model(settings.model, settings.model_cache_dir)
     except ModelError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
@@ -100,7 +100,7 @@ def _prepare(args: dict[str, Any]) -> int:
     settings = load_settings(args)
     configure_logging(settings.log_level, settings.log_format)
     try:
-        folder = prepare_bundled_model(settings, force=force)
+        folder = prepare_bundled_model(settings.model_cache_dir, force=force)
     except ModelError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1

@@ -16,9 +16,11 @@
     │   └── ShuttingDownError             code=shutting_down
     └── DeadlineExceededError         504 timeout_error           code=timeout
 
-Services and middleware raise these; `api.errors` (for routes) and `middleware.send_error`
-(for pure-ASGI middleware) turn them into `{"error": {"message", "type", "param", "code"}}`.
-Foreign exceptions from the engine are translated once, in the engine adapter.
+Services and middleware raise these. `http.errors` renders them as
+`{"error": {"message", "type", "param", "code"}}`, in one place per context: FastAPI's
+handlers (routes), `send_error` (pure-ASGI middleware) and `send_error_event` (a stream that
+has started). Foreign exceptions from the engine are translated once, in the engine adapter;
+HTTP statuses that Starlette raises itself (404, 405) through `error_for_status`.
 """
 
 from __future__ import annotations
@@ -131,6 +133,25 @@ class DeadlineExceededError(GatewayError):
     error_type = "timeout_error"
     default_code = "timeout"
     default_message = "The request took longer than the server allows."
+
+
+STATUS_ERRORS: dict[int, type[GatewayError]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    408: RequestTimeoutError,
+    413: PayloadTooLargeError,
+    429: RateLimitError,
+    503: EngineUnavailableError,
+    504: DeadlineExceededError,
+}
+"""The one table from HTTP status to error class, for statuses raised outside the tree."""
+
+
+def error_for_status(status: int, message: str | None = None) -> GatewayError:
+    """The tree's error for an HTTP status (500 `server_error` for one it does not name)."""
+    return STATUS_ERRORS.get(status, GatewayError)(message)
 
 
 def error_body(

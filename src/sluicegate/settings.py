@@ -22,9 +22,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sluicegate.auth import ApiKeyring
+from sluicegate.cache.key import CachePolicy
+from sluicegate.engine.model import DEFAULT_MODEL_NAME
+from sluicegate.keys import ApiKeyring
+from sluicegate.observability.logs import LogFormat
+from sluicegate.wire.requests import MAX_N, Overflow, Truncation
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # Settings whose values must never be echoed, not even in an error message.
 SECRET_SETTINGS = frozenset({"api_keys", "redis_url"})
 ENV_PREFIX = "SLUICEGATE_"
@@ -44,7 +47,8 @@ class RateLimitOverride(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Gateway and engine configuration. Field docs are the README's reference text."""
+    """Gateway and engine configuration. The field descriptions are the reference text of
+    `docs/configuration.md` (`make docs` writes it)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -82,7 +86,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level."
     )
-    log_format: Literal["plain", "json"] = Field(
+    log_format: LogFormat = Field(
         default="plain",
         description="`plain` lines, or one JSON object per line (ours and uvicorn's logs, "
         "including the access log).",
@@ -126,7 +130,7 @@ class Settings(BaseSettings):
     )
 
     # --- response cache --------------------------------------------------------------
-    cache_policy: Literal["off", "deterministic", "all"] = Field(
+    cache_policy: CachePolicy = Field(
         default="deterministic",
         description="Which responses are cached: `deterministic` (temperature 0, top_k 1 or "
         "a seed), `all`, or `off`.",
@@ -188,7 +192,7 @@ class Settings(BaseSettings):
     )
     max_messages: int = Field(default=2048, ge=1, description="Most messages in one chat request.")
     max_prompts: int = Field(default=64, ge=1, description="Most prompts in one completion.")
-    max_n: int = Field(default=16, ge=1, le=128, description="Largest `n` accepted.")
+    max_n: int = Field(default=16, ge=1, le=MAX_N, description="Largest `n` accepted.")
     max_tokens_limit: int | None = Field(
         default=None,
         ge=1,
@@ -205,12 +209,12 @@ class Settings(BaseSettings):
     )
 
     # --- token budget ----------------------------------------------------------------
-    truncation: Literal["auto", "disabled"] = Field(
+    truncation: Truncation = Field(
         default="auto",
         description="Chat requests that leave the completion less than its minimum: `auto` "
         "truncates the conversation, `disabled` answers 400. A request's `truncation` wins.",
     )
-    completion_truncation: Literal["auto", "disabled"] = Field(
+    completion_truncation: Truncation = Field(
         default="disabled",
         description="The same for /v1/completions: `auto` cuts the start of a prompt that is "
         "too long and keeps its end.",
@@ -231,7 +235,7 @@ class Settings(BaseSettings):
         description="Completion tokens the prompt must always leave (or the client's smaller "
         "max_tokens); a longer prompt is truncated.",
     )
-    max_tokens_overflow: Literal["clamp", "error"] = Field(
+    max_tokens_overflow: Overflow = Field(
         default="clamp",
         description="A max_tokens above what the context leaves: `clamp` lowers it, `error` "
         "answers 400 context_length_exceeded.",

@@ -62,7 +62,7 @@ def tokenizer() -> object:
     from sluicegate.engine.model import bundled_model_dir
     from sluicegate.settings import Settings
 
-    return AutoTokenizer.from_pretrained(bundled_model_dir(Settings()))
+    return AutoTokenizer.from_pretrained(bundled_model_dir(Settings().model_cache_dir))
 
 
 def chat_prompt_tokens(tokenizer: object, messages: list[dict[str, str]]) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sluicegate.auth import ApiKeyring
+from sluicegate.keys import ApiKeyring
 from tests.integration.redis_server import RedisProcess
 from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
 

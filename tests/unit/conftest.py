@@ -17,6 +17,8 @@ def hf_tokenizer() -> Iterator[HFPromptTokenizer]:
     from sluicegate.settings import Settings
 
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    tokenizer = HFPromptTokenizer(AutoTokenizer.from_pretrained(bundled_model_dir(settings)))
+    tokenizer = HFPromptTokenizer(
+        AutoTokenizer.from_pretrained(bundled_model_dir(settings.model_cache_dir))
+    )
     yield tokenizer
     tokenizer.close()

@@ -1,121 +1,134 @@
-"""`POST /v1/chat/completions` and `POST /v1/completions`."""
+"""`POST /v1/chat/completions` and `POST /v1/completions`.
+
+Each route prepares a `Run` (the service: model, limits, template, token budget) and hands
+it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits), look up (the
+response cache), then answer from the cache, stream, or collect.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, field
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluicegate.api.deps import get_cache, get_key_id, get_quotas, get_service, get_settings
-from sluicegate.cache import CacheControl, ResponseCache
-from sluicegate.cache.fast_path import FINGERPRINT
+from sluicegate.api.deps import StateDep
+from sluicegate.cache.lease import Lease
+from sluicegate.cache.response_cache import Lookup
+from sluicegate.http.asgi import api_key_id
+from sluicegate.http.cache_hits import body_fingerprint, cache_control
+from sluicegate.http.disconnect import until_disconnect
+from sluicegate.http.sse import open_event_stream
+from sluicegate.http.state import AppState
+from sluicegate.inference.run import Run
 from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
-from sluicegate.protocol import ChatCompletionRequest, CompletionRequest
-from sluicegate.quota import Quotas
-from sluicegate.responses import Completion
-from sluicegate.service import CompletionService, Run
-from sluicegate.settings import Settings
-from sluicegate.streaming import open_event_stream, until_disconnect
+from sluicegate.wire.completion import Completion
+from sluicegate.wire.events import render_cached
+from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["completions"])
 # Tokenizing the request and fitting it to the context window: the token budget.
 TOKEN_BUDGET_SPAN = "token_budget"
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionContext:
-    """What the completion routes take from the lifespan and the request."""
-
-    service: CompletionService
-    settings: Settings
-    quotas: Quotas
-    cache: ResponseCache
-    key_id: str
-
-
-async def completion_context(request: Request) -> CompletionContext:
-    # One dependency instead of five: FastAPI's dependency solving is a measurable share of
-    # a cache hit's time.
-    return CompletionContext(
-        await get_service(request),
-        await get_settings(request),
-        await get_quotas(request),
-        await get_cache(request),
-        await get_key_id(request),
-    )
-
-
-Context = Annotated[CompletionContext, Depends(completion_context)]
-
-
 @router.post("/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, ctx: Context
+    body: ChatCompletionRequest, request: Request, state: StateDep
 ) -> Response:
     with span(TOKEN_BUDGET_SPAN):
-        run = await ctx.service.prepare_chat(body)
-    return await _respond(run, body.stream, request, ctx)
+        run = await state.service.prepare_chat(body)
+    return await Exchange.start(run, body.stream, request, state).respond()
 
 
 @router.post("/completions", response_model=None)
-async def create_completion(body: CompletionRequest, request: Request, ctx: Context) -> Response:
+async def create_completion(body: CompletionRequest, request: Request, state: StateDep) -> Response:
     with span(TOKEN_BUDGET_SPAN):
-        run = await ctx.service.prepare_completion(body)
-    return await _respond(run, body.stream, request, ctx)
+        run = await state.service.prepare_completion(body)
+    return await Exchange.start(run, body.stream, request, state).respond()
 
 
-async def _respond(run: Run, stream: bool, request: Request, ctx: CompletionContext) -> Response:
-    """The path of an inference request once it is tokenized: quota, cache, engine, response."""
-    settings, quotas, key_id = ctx.settings, ctx.quotas, ctx.key_id
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.request_timeout
-    headers = {**await quotas.admit(key_id, run.prompt_tokens)}
-    if run.budget is not None:
-        headers.update(run.budget.headers())
-    control = CacheControl.parse(request.headers.get("cache-control"))
-    lookup = await ctx.cache.lookup(
-        run,
-        request.scope["path"],
-        key_id,
-        control,
-        wait=lambda work: until_disconnect(request.receive, work, deadline - loop.time()),
-        fingerprint=getattr(request.state, FINGERPRINT, None),
-        stream=stream,
-    )
-    headers.update(lookup.headers())
-    lease, cached = lookup.lease, lookup.completion
-    if cached is not None and (record := current_request()) is not None:
-        record.add_usage(cached.prompt_tokens, cached.completion_tokens)  # for the access log
+@dataclass(slots=True)
+class Exchange:
+    """One prepared inference request on its way to a response."""
 
-    async def finish(completion: Completion) -> None:
-        await quotas.settle(key_id, completion.completion_tokens)
+    run: Run
+    stream: bool
+    request: Request
+    state: AppState
+    key_id: str
+    deadline: float
+    """Event-loop time by which the whole response must be sent (`request_timeout`)."""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, run: Run, stream: bool, request: Request, state: AppState) -> Exchange:
+        deadline = asyncio.get_running_loop().time() + state.timeouts.request
+        return cls(run, stream, request, state, api_key_id(request.scope), deadline)
+
+    async def respond(self) -> Response:
+        await self.admit()
+        lookup = await self.look_up()
+        if lookup.completion is not None:
+            return await self.answer_from_cache(lookup.completion)
+        if self.stream:
+            return await self.stream_events(lookup.lease)
+        return await self.collect(lookup.lease)
+
+    async def admit(self) -> None:
+        """Count the request against its key's rate limits (429 when one is used up)."""
+        self.headers.update(await self.state.quotas.admit(self.key_id, self.run.prompt_tokens))
+        if self.run.budget is not None:
+            self.headers.update(self.run.budget.headers())
+
+    async def look_up(self) -> Lookup:
+        """The cached response, or the lease to generate it (see `cache.response_cache`)."""
+        scope, receive = self.request.scope, self.request.receive
+        lookup = await self.state.cache.lookup(
+            self.run,
+            scope["path"],
+            self.key_id,
+            cache_control(scope),
+            # Waits on identical requests in flight end when the client leaves.
+            wait=lambda work: until_disconnect(receive, work, self._time_left()),
+            fingerprint=body_fingerprint(scope),
+            stream=self.stream,
+        )
+        self.headers.update(lookup.headers())
+        return lookup
+
+    async def answer_from_cache(self, completion: Completion) -> Response:
+        answer = render_cached(self.run.format, completion, self.stream, self.run.include_usage)
+        if (record := current_request()) is not None:
+            record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+        await self.state.quotas.settle(self.key_id, completion.completion_tokens)
+        return Response(answer.body, headers={**answer.headers, **self.headers})
+
+    async def stream_events(self, lease: Lease) -> Response:
+        events = self.state.service.stream(self.run, on_finish=lambda c: self._finish(c, lease))
+        return await open_event_stream(
+            self.request.receive,
+            lease.guard(events),
+            headers=self.headers,
+            deadline=self.deadline,
+            stall_limit=self.state.timeouts.stream_stall,
+        )
+
+    async def collect(self, lease: Lease) -> Response:
+        try:
+            completion = await until_disconnect(
+                self.request.receive, self.state.service.collect(self.run), self._time_left()
+            )
+            await self._finish(completion, lease)
+        finally:
+            lease.close()
+        return JSONResponse(self.run.format.response(completion), headers=self.headers)
+
+    async def _finish(self, completion: Completion, lease: Lease) -> None:
+        """The run ended normally: settle its completion tokens, store and share it."""
+        await self.state.quotas.settle(self.key_id, completion.completion_tokens)
         await lease.fulfil(completion)
 
-    if stream:
-        events = (
-            ctx.service.stream(run, on_finish=finish)
-            if cached is None
-            else ctx.service.replay(run, cached, on_finish=finish)
-        )
-        return await open_event_stream(
-            request.receive,
-            lease.guard(events),
-            headers=headers,
-            time_limit=deadline - loop.time(),
-            stall_limit=settings.stream_stall_timeout,
-        )
-    try:
-        if cached is None:
-            completion = await until_disconnect(
-                request.receive, ctx.service.collect(run), time_limit=deadline - loop.time()
-            )
-        else:
-            completion = cached
-        await finish(completion)
-    finally:
-        lease.close()
-    return JSONResponse(run.format.response(completion), headers=headers)
+    def _time_left(self) -> float:
+        return self.deadline - asyncio.get_running_loop().time()

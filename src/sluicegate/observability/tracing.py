@@ -24,8 +24,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -34,6 +34,9 @@ from opentelemetry.util.types import AttributeValue
 
 from sluicegate import __version__
 from sluicegate.paths import PROBE_PATHS
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 logger = logging.getLogger(__name__)
 

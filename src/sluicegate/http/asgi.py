@@ -1,0 +1,67 @@
+"""Small helpers on ASGI scopes and request bodies, shared by the middleware and routes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from starlette.types import Message, Receive, Scope
+
+from sluicegate.keys import ANONYMOUS
+
+_API_KEY_ID = "api_key_id"
+
+
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case, as ASGI servers and Starlette give
+    names) in a scope's or a response's `headers`, or None."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def api_key_id(scope: Scope) -> str:
+    """The caller's public key id (set by `http.auth`), or `anonymous` without API keys."""
+    state: dict[str, Any] = scope.get("state") or {}
+    return state.get(_API_KEY_ID, ANONYMOUS)  # type: ignore[no-any-return]
+
+
+def set_api_key_id(scope: Scope, key_id: str) -> None:
+    scope.setdefault("state", {})[_API_KEY_ID] = key_id
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body (what arrived before a disconnect, if the client left)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the app below: the body already read, then the connection's messages."""
+    pending: Mapping[str, Any] | None = {"type": "http.request", "body": body, "more_body": False}
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending is not None:
+            message, pending = pending, None
+            return dict(message)
+        return await receive()
+
+    return replay
+
+
+def raising(exc: Exception) -> Receive:
+    """`receive` that raises `exc`: hands an error met while reading on to the app below."""
+
+    async def receive() -> Message:
+        raise exc
+
+    return receive

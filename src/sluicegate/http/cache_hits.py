@@ -1,0 +1,100 @@
+"""Cache hits answered before routing: pure-ASGI middleware, innermost of the gateway's.
+
+A request body whose shape `cache.fast_path` knows, and whose entry is in the store, is
+answered here from the entry, rendered by `wire.events.render_cached` as the route would.
+Everything before this middleware still applies (request id, telemetry, API key, admission,
+body limits); the rate limits are checked here. Anything else (an unknown body, a miss, a
+`no-cache` request, a store failure) goes on to the routes unchanged, with the body it read
+handed on and its fingerprint noted for the route's cache lookup (`body_fingerprint`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sluicegate.cache.fast_path import HitShape
+from sluicegate.cache.response_cache import CacheControl, Lookup
+from sluicegate.errors import GatewayError
+from sluicegate.http.asgi import api_key_id, header, raising, read_body, replaying
+from sluicegate.http.errors import send_error
+from sluicegate.http.state import app_state
+from sluicegate.observability.record import current_request
+from sluicegate.paths import INFERENCE_PATHS
+from sluicegate.quota.quotas import Quotas
+from sluicegate.wire.completion import Completion
+from sluicegate.wire.events import render_cached
+from sluicegate.wire.formats import chat_format, completion_format
+
+_FINGERPRINT = "cache_fingerprint"
+
+
+def body_fingerprint(scope: Scope) -> str | None:
+    """The request body's fingerprint, when this middleware computed one."""
+    state: dict[str, Any] = scope.get("state") or {}
+    return state.get(_FINGERPRINT)
+
+
+def cache_control(scope: Scope) -> CacheControl:
+    value = header(scope["headers"], b"cache-control")
+    return CacheControl.parse(None if value is None else value.decode("latin-1"))
+
+
+class CacheHitMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = app_state(scope)
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["path"] not in INFERENCE_PATHS
+            or state is None
+            or cache_control(scope).no_cache
+        ):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(receive)
+        except Exception as exc:  # a body limit's error: the routes render it
+            await self.app(scope, raising(exc), send)
+            return
+        receive = replaying(body, receive)
+        cache, key_id = state.cache, api_key_id(scope)
+        fingerprint = cache.fast_path.fingerprint(scope["path"], body, key_id)
+        shape = None if fingerprint is None else cache.fast_path.shape(fingerprint)
+        hit = None if shape is None else await cache.fetch(shape.key)
+        if shape is None or hit is None or hit.completion is None:
+            scope["state"][_FINGERPRINT] = fingerprint
+            await self.app(scope, receive, send)
+            return
+        await _answer(send, state.quotas, key_id, cache.model_name, shape, hit, hit.completion)
+
+
+async def _answer(
+    send: Send,
+    quotas: Quotas,
+    key_id: str,
+    model: str,
+    shape: HitShape,
+    hit: Lookup,
+    completion: Completion,
+) -> None:
+    try:
+        quota_headers = await quotas.admit(key_id, shape.prompt_tokens)
+    except GatewayError as exc:
+        await send_error(send, exc)
+        return
+    new_format = chat_format if shape.chat else completion_format
+    answer = render_cached(
+        new_format(model, shape.include_usage), completion, shape.stream, shape.include_usage
+    )
+    headers = {**answer.headers, **quota_headers, **dict(shape.headers), **hit.headers()}
+    if (record := current_request()) is not None:
+        record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": 200, "headers": raw})
+    await send({"type": "http.response.body", "body": answer.body})
+    await quotas.settle(key_id, completion.completion_tokens)

@@ -1,0 +1,146 @@
+"""Where errors become OpenAI's `{"error": {...}}` body: one renderer per context.
+
+Errors are raised anywhere as the `errors` tree; which renderer sends one depends only on
+where the request is when it happens:
+
+- `install_error_handlers`: FastAPI's exception handlers, for errors raised in routes and
+  dependencies, request validation (400) and Starlette's own 404 and 405;
+- `send_error`: for pure-ASGI middleware, which answers before FastAPI is reached;
+- `send_error_event`: for a stream that has started, where the status is already sent: the
+  error goes as the last event, then `[DONE]` (as vLLM's server does).
+
+Each counts the error in `sluicegate_errors_total`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import Send
+
+from sluicegate.errors import GatewayError, InvalidRequestError, error_for_status
+from sluicegate.http.disconnect import ClientDisconnected
+from sluicegate.observability.metrics import count_error
+from sluicegate.wire.events import SSE_DONE, sse_event
+
+logger = logging.getLogger(__name__)
+
+# Parts pydantic adds to an error location that name a type, not a parameter.
+_TYPE_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after"}
+
+
+class ReceiveError(HTTPException):
+    """A `GatewayError` raised from `receive` (the body limits): FastAPI lets
+    `HTTPException`s from body reading through untouched, where any other exception would
+    become its own 400."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.status_code, error.message, error.headers or None)
+        self.error = error
+
+
+# ---- routes: FastAPI's handlers ------------------------------------------------------------
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnected, _client_disconnected)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+def error_response(error: GatewayError, status_code: int | None = None) -> JSONResponse:
+    count_error(error)
+    return JSONResponse(
+        error.to_body(), status_code=status_code or error.status_code, headers=error.headers
+    )
+
+
+async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first: dict[str, Any] = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "invalid JSON")
+        message = f"We could not parse the JSON body of your request: {detail}."
+        return error_response(InvalidRequestError(message))
+    param = validation_param(first.get("loc", ()))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif param:
+        message = f"Invalid value for '{param}': {msg}."
+    else:
+        message = f"Invalid request body: {msg}."
+    return error_response(InvalidRequestError(message, param=param or None, code="invalid_value"))
+
+
+def validation_param(loc: tuple[Any, ...] | list[Any]) -> str:
+    """`("body", "messages", 0, "content", "str")` -> `"messages.0.content"`."""
+    parts = [str(p) for p in loc[1:] if not _is_type_part(p)] if loc else []
+    return ".".join(parts)
+
+
+def _is_type_part(part: Any) -> bool:
+    return isinstance(part, str) and (
+        part in _TYPE_PARTS or "[" in part or part.startswith("function-")
+    )
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if isinstance(exc, ReceiveError):
+        return error_response(exc.error)
+    if exc.status_code == 404:
+        message = f"Unknown request URL: {request.method} {request.url.path}."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}."
+    else:
+        message = str(exc.detail)
+    error = error_for_status(exc.status_code, message)
+    error.headers = dict(getattr(exc, "headers", None) or {})
+    return error_response(error, exc.status_code)
+
+
+async def _client_disconnected(request: Request, exc: Exception) -> Response:
+    # Nobody is listening; 499 only shows up in access logs.
+    return Response(status_code=499)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(GatewayError())
+
+
+# ---- pure-ASGI middleware --------------------------------------------------------------------
+
+
+async def send_error(send: Send, error: GatewayError) -> None:
+    """Answer with `error` from pure-ASGI middleware, where FastAPI's handlers don't reach."""
+    count_error(error)
+    body = json.dumps(error.to_body()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ---- a stream that has started -------------------------------------------------------------
+
+
+async def send_error_event(send: Send, error: GatewayError) -> None:
+    """End a started stream with `error` as its last event, then `[DONE]`."""
+    count_error(error)
+    payload = sse_event(error.to_body()) + SSE_DONE
+    await send({"type": "http.response.body", "body": payload, "more_body": True})

@@ -1,0 +1,45 @@
+"""`X-Request-Id`: accepted from the client or made, and put on every response."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sluicegate.http.asgi import header
+
+REQUEST_ID_HEADER = b"x-request-id"
+# Client ids are echoed into headers and logs: accept only short, plain tokens.
+_VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+class RequestIdMiddleware:
+    """Outermost, so even a 401 or 503 from the middleware below carries the id.
+
+    The id is available to handlers as `request.state.request_id`."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _client_request_id(scope) or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        id_header = (REQUEST_ID_HEADER, request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _client_request_id(scope: Scope) -> str | None:
+    value = header(scope["headers"], REQUEST_ID_HEADER)
+    if value is None or not _VALID_REQUEST_ID.fullmatch(value):
+        return None
+    return value.decode()

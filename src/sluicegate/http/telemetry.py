@@ -1,0 +1,182 @@
+"""Per-request telemetry as pure-ASGI middleware: request metrics and one access-log line.
+
+For every HTTP request: `sluicegate_requests_total{endpoint, model, status}`, and for the
+inference routes the in-flight gauge, the end-to-end latency of successes and the client
+disconnects. `endpoint` is the route template (`/v1/models/{model_id}`), never the raw path;
+`model` is the served model on the inference routes and empty elsewhere, so labels stay
+few. A response that never completes, because the client left, counts as status 499, like a
+non-streamed request whose client left.
+
+The access line carries the request id, trace id, status, model, token counts, TTFT, total
+time and cache outcome (the `X-Cache` response header). Never a body, a header value other
+than `X-Cache`, or a key. Probes and scrapes (`/health`, `/ready`, `/metrics`) log at DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from prometheus_client import Counter, Histogram
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sluicegate.http.asgi import header
+from sluicegate.lru import BoundedLRU
+from sluicegate.observability import metrics
+from sluicegate.observability.record import RequestRecord, close_request, open_request
+from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
+
+access_logger = logging.getLogger("sluicegate.access")
+
+CLIENT_CLOSED = 499
+UNMATCHED = "unmatched"
+_CACHE_HEADER = b"x-cache"
+
+
+class TelemetryMiddleware:
+    """Sits just inside `RequestIdMiddleware`, so even refusals by the other middleware count."""
+
+    def __init__(self, app: ASGIApp, model: str):
+        self.app = app
+        self.model = model
+        self.in_flight = metrics.REQUESTS_IN_FLIGHT.labels(model)
+        # Requests answered before routing (middleware refusals, cache hits) carry no route;
+        # matching them against every route again is a cost on the hottest path.
+        self._matched: BoundedLRU[tuple[str, str], str] = BoundedLRU(_MAX_MATCHED)
+        # Labelled children, looked up once: `labels()` costs more than the increment.
+        self._counters: dict[tuple[str, str, int], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
+
+    def _endpoint(self, scope: Scope) -> str:
+        if scope.get("route") is not None:
+            return _endpoint(scope, _routes(scope))
+        key = (scope["method"], scope["path"])
+        found = self._matched.get(key)
+        if found is None:
+            found = _endpoint(scope, _routes(scope))
+            if found != UNMATCHED:
+                self._matched.put(key, found)
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RequestRecord()
+        response = _Response()
+
+        async def observed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response.start(message)
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                response.finished = time.perf_counter()
+            await send(message)
+
+        inference = scope["path"] in INFERENCE_PATHS
+        token = open_request(record)
+        if inference:
+            self.in_flight.inc()
+        try:
+            await self.app(scope, receive, observed_send)
+        except BaseException:
+            response.status = 500
+            raise
+        finally:
+            close_request(token)
+            if inference:
+                self.in_flight.dec()
+            self._account(scope, record, response)
+
+    def _account(self, scope: Scope, record: RequestRecord, response: _Response) -> None:
+        endpoint = self._endpoint(scope)
+        model = self.model if endpoint in INFERENCE_PATHS else ""
+        complete = response.finished is not None
+        status = response.status if complete or response.status >= 500 else CLIENT_CLOSED
+        ended = response.finished or time.perf_counter()
+        counted = self._counters.get((endpoint, model, status))
+        if counted is None:
+            counted = metrics.REQUESTS.labels(endpoint, model, str(status))
+            self._counters[(endpoint, model, status)] = counted
+        counted.inc()
+        if status == CLIENT_CLOSED:
+            metrics.CLIENT_DISCONNECTS.labels(endpoint, model).inc()
+        elif model and status < 400:
+            timed = self._durations.get(endpoint)
+            if timed is None:
+                timed = self._durations[endpoint] = metrics.REQUEST_DURATION.labels(endpoint, model)
+            timed.observe(ended - record.started)
+        level = logging.DEBUG if scope["path"] in PROBE_PATHS else logging.INFO
+        if access_logger.isEnabledFor(level):
+            fields = _access_fields(scope, record, response, model, status, ended)
+            access_logger.log(
+                level, "%s %s", scope["method"], scope["path"], extra={"fields": fields}
+            )
+
+
+_MAX_MATCHED = 256
+
+
+class _Response:
+    __slots__ = ("cache", "finished", "status")
+
+    def __init__(self) -> None:
+        self.status = 500
+        self.cache: str | None = None
+        self.finished: float | None = None
+
+    def start(self, message: Message) -> None:
+        self.status = message["status"]
+        cache = header(message.get("headers", ()), _CACHE_HEADER)
+        self.cache = None if cache is None else cache.decode("latin-1")
+
+
+def _routes(scope: Scope) -> Sequence[BaseRoute]:
+    """The routes of the app serving the request (Starlette puts it in the scope)."""
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    return routes if isinstance(routes, list) else []
+
+
+def _endpoint(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """The route template the router chose, or would have chosen for a request that the
+    middleware refused before routing."""
+    route = scope.get("route")
+    if route is None:
+        partial = None
+        for candidate in routes:
+            match, _ = candidate.matches(scope)
+            if match is Match.FULL:
+                route = candidate
+                break
+            if match is Match.PARTIAL and partial is None:
+                partial = candidate
+        route = route or partial
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED
+
+
+def _access_fields(
+    scope: Scope,
+    record: RequestRecord,
+    response: _Response,
+    model: str,
+    status: int,
+    ended: float,
+) -> dict[str, Any]:
+    context = trace.get_current_span().get_span_context()
+    ttft = None if record.first_token is None else record.first_token - record.started
+    return {
+        "status": status,
+        "request_id": scope.get("state", {}).get("request_id"),
+        "trace_id": trace.format_trace_id(context.trace_id) if context.is_valid else None,
+        "model": model or None,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+        "total_ms": round((ended - record.started) * 1000, 1),
+        "cache": response.cache,
+    }

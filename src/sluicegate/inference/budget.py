@@ -1,0 +1,212 @@
+"""The token budget: exact prompt counts, the max_tokens a request gets, and fitting the
+prompt into the context window.
+
+A request is counted with the model's own tokenizer, after its chat template, and those ids
+are what the engine receives. The completion always keeps room for `min_completion_tokens`
+(or the client's smaller `max_tokens`); when the prompt leaves less, it is truncated
+(`inference.truncation` for chats; for text prompts, the start is cut and the end kept) or, with
+truncation disabled, refused. Then, with budget = context − prompt:
+
+- no `max_tokens` from the client: budget × (1 − reserve_ratio), at most `default_max_tokens`;
+- a `max_tokens` above the budget: clamped to it, or a 400 when `overflow` is "error".
+
+Every fitted request carries a `BudgetReport`, sent back as `X-Budget-*` headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from sluicegate.engine.protocol import PromptTokenizer
+from sluicegate.errors import ContextLengthExceededError
+from sluicegate.inference.truncation import truncate_chat
+from sluicegate.observability.metrics import (
+    BUDGET_CLAMPED_MAX_TOKENS,
+    BUDGET_DROPPED_TOKENS,
+    BUDGET_TRIMMED_REQUESTS,
+)
+from sluicegate.wire.requests import Overflow, Truncation
+
+MaxTokensSource = Literal["client", "clamped", "default"]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPolicy:
+    """How requests are fitted; the `budget_*`, `truncation` and overflow settings."""
+
+    reserve_ratio: float = 0.3
+    default_max_tokens: int = 4096
+    min_completion_tokens: int = 16
+    overflow: Overflow = "clamp"
+    chat_truncation: Truncation = "auto"
+    completion_truncation: Truncation = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetReport:
+    """What the budget did to a request; for a batch of prompts, token counts are sums."""
+
+    prompt_tokens_before: int
+    prompt_tokens_after: int
+    max_tokens: int
+    max_tokens_source: MaxTokensSource
+    messages_dropped: int = 0
+    steps: tuple[str, ...] = ()
+
+    @property
+    def trimmed(self) -> bool:
+        return bool(self.steps)
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Budget-Prompt-Tokens-Before": str(self.prompt_tokens_before),
+            "X-Budget-Prompt-Tokens-After": str(self.prompt_tokens_after),
+            "X-Budget-Messages-Dropped": str(self.messages_dropped),
+            "X-Budget-Truncation": ",".join(self.steps) or "none",
+            "X-Budget-Max-Tokens": str(self.max_tokens),
+            "X-Budget-Max-Tokens-Source": self.max_tokens_source,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FittedPrompts:
+    prompts: list[list[int]]
+    max_tokens: int
+    report: BudgetReport
+
+
+class TokenBudget:
+    """Fits requests to one model's context window."""
+
+    def __init__(self, tokenizer: PromptTokenizer, max_model_len: int, policy: BudgetPolicy):
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+        self._policy = policy
+
+    async def fit_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        max_tokens: int | None,
+        min_tokens: int = 0,
+        truncation: Truncation | None = None,
+    ) -> FittedPrompts:
+        """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use."""
+        ask = _Ask(max_tokens, min_tokens, "messages")
+        limit = self._prompt_limit(ask)
+        encoding = await self._tokenizer.encode_chat_counted(messages)
+        before = len(encoding.ids)
+        if before <= limit:
+            return self._fitted([encoding.ids], before, ask)
+        # Truncation off, or the completion alone asking for the whole context: a 400.
+        if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
+            self._check_fits(before, limit, ask.param)
+        result = await truncate_chat(self._tokenizer, messages, encoding, limit)
+        after = len(result.ids)
+        if after > limit and ask.insists(self._policy):
+            self._check_fits(before, limit, ask.param)
+        if after > limit:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self._max_model_len} tokens and the "
+                f"completion needs at least {self._max_model_len - limit} of them. However, "
+                f"the messages take {before} tokens, and still {after} with every older turn "
+                f"removed: the last user message alone does not fit in {limit} tokens. Please "
+                "reduce the length of the messages.",
+                param="messages",
+            )
+        dropped = len(messages) - len(result.kept)
+        return self._fitted([result.ids], before, ask, dropped, result.steps)
+
+    async def fit_prompts(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_tokens: int | None,
+        min_tokens: int = 0,
+        truncation: Truncation | None = None,
+        keep_prefix: int = 0,
+    ) -> FittedPrompts:
+        """Text-completion prompts, each cut to its end if too long and allowed (its first
+        `keep_prefix` ids, the tokenizer's own special tokens, are kept), and the max_tokens."""
+        ask = _Ask(max_tokens, min_tokens, "prompt")
+        limit = self._prompt_limit(ask)
+        before = sum(len(p) for p in prompts)
+        if (truncation or self._policy.completion_truncation) == "disabled" or limit <= keep_prefix:
+            self._check_fits(max(len(p) for p in prompts), limit, ask.param)
+            return self._fitted(prompts, before, ask)
+        tail = limit - keep_prefix
+        fitted = [p if len(p) <= limit else p[:keep_prefix] + p[len(p) - tail :] for p in prompts]
+        steps = ("cut_prompt",) if fitted != prompts else ()
+        return self._fitted(fitted, before, ask, steps=steps)
+
+    def _prompt_limit(self, ask: _Ask) -> int:
+        """The most prompt tokens that leave the completion its minimum room."""
+        return self._max_model_len - ask.room(self._policy)
+
+    def _check_fits(self, prompt: int, limit: int, param: str) -> None:
+        if prompt > limit:
+            room = self._max_model_len - limit
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self._max_model_len} tokens. "
+                f"However, you requested {prompt + room} tokens ({prompt} in the {param}, "
+                f"{room} in the completion). Please reduce the length of the {param} or "
+                "completion.",
+                param=param,
+            )
+
+    def _fitted(
+        self,
+        prompts: list[list[int]],
+        before: int,
+        ask: _Ask,
+        dropped: int = 0,
+        steps: tuple[str, ...] = (),
+    ) -> FittedPrompts:
+        max_tokens, source = self._max_tokens(max(len(p) for p in prompts), ask)
+        after = sum(len(p) for p in prompts)
+        report = BudgetReport(before, after, max_tokens, source, dropped, steps)
+        if report.trimmed:
+            BUDGET_TRIMMED_REQUESTS.inc()
+            BUDGET_DROPPED_TOKENS.inc(before - after)
+        if source == "clamped":
+            BUDGET_CLAMPED_MAX_TOKENS.inc()
+        return FittedPrompts(prompts, max_tokens, report)
+
+    def _max_tokens(self, prompt: int, ask: _Ask) -> tuple[int, MaxTokensSource]:
+        """What the completion gets after a (longest) prompt that leaves it its room."""
+        policy = self._policy
+        budget = self._max_model_len - prompt
+        if ask.max_tokens is None:
+            share = int(budget * (1 - policy.reserve_ratio))
+            least = min(policy.min_completion_tokens, policy.default_max_tokens)
+            return max(min(share, policy.default_max_tokens), least, ask.min_tokens), "default"
+        if ask.max_tokens <= budget:
+            return ask.max_tokens, "client"
+        # With overflow "error", the prompt limit already made room for all of max_tokens.
+        return budget, "clamped"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What the request asks of the completion."""
+
+    max_tokens: int | None
+    min_tokens: int
+    param: str
+    """The request field holding the prompt, named in errors."""
+
+    def insists(self, policy: BudgetPolicy) -> bool:
+        """Whether the client's max_tokens must fit whole (overflow "error") rather than
+        being clamped to what the prompt leaves."""
+        return self.max_tokens is not None and policy.overflow == "error"
+
+    def room(self, policy: BudgetPolicy) -> int:
+        """Completion tokens the prompt must leave: the client's max_tokens when it must fit
+        whole, else the minimum completion size or the client's smaller max_tokens; never
+        less than its min_tokens. Truncation makes this room."""
+        room = policy.min_completion_tokens
+        if self.max_tokens is not None:
+            room = self.max_tokens if self.insists(policy) else min(room, self.max_tokens)
+        return max(room, self.min_tokens)

@@ -1,0 +1,47 @@
+"""A request ready for the engine (`Run`), and the bounds on what one request may ask."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.inference.budget import BudgetReport
+from sluicegate.wire.formats import ResponseFormat
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A request ready for the engine: tokenized prompts plus filled-in sampling options."""
+
+    id: str
+    prompts: list[list[int]]
+    options: SamplingOptions
+    format: ResponseFormat
+    arrival_time: float
+    """Wall-clock time (`time.time()`) at which preparing the request began."""
+    include_usage: bool = False
+    budget: BudgetReport | None = None
+
+    def engine_request_id(self, prompt_index: int) -> str:
+        return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
+
+    def choice_index(self, prompt_index: int, index: int) -> int:
+        return prompt_index * self.options.n + index
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def expected_choices(self) -> int:
+        return len(self.prompts) * self.options.n
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on what one request may ask for; each breach is a 400 naming the parameter."""
+
+    max_messages: int = 2048
+    max_prompts: int = 64
+    max_n: int = 16
+    max_tokens: int | None = None

@@ -1,0 +1,260 @@
+"""Chat and text completions: from a validated request to engine runs and OpenAI bodies.
+
+The service knows nothing of HTTP. It raises `errors.GatewayError`s; the API layer renders
+them. A request becomes a `Run` (tokenized prompts plus filled-in sampling options), which is
+then either collected into one response or streamed as SSE events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from sluicegate.engine.protocol import EngineClient, EngineStep, SamplingOptions
+from sluicegate.errors import InvalidRequestError, ModelNotFoundError
+from sluicegate.inference.budget import BudgetPolicy, TokenBudget
+from sluicegate.inference.run import RequestLimits, Run
+from sluicegate.inference.telemetry import GenerationTelemetry
+from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
+from sluicegate.wire.events import EventWriter
+from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
+from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+T = TypeVar("T")
+
+
+class CompletionService:
+    def __init__(
+        self,
+        engine: EngineClient,
+        model_name: str,
+        limits: RequestLimits | None = None,
+        budget: BudgetPolicy | None = None,
+    ):
+        self._engine = engine
+        self._model_name = model_name
+        self._limits = limits or RequestLimits()
+        self._budget = TokenBudget(engine.tokenizer, engine.max_model_len, budget or BudgetPolicy())
+        self._text_prefix: int | None = None
+
+    # ---- preparing ----------------------------------------------------------------------
+
+    async def prepare_chat(self, request: ChatCompletionRequest) -> Run:
+        arrival_time = time.time()
+        self._check_model(request.model)
+        if len(request.messages) > self._limits.max_messages:
+            raise InvalidRequestError(
+                f"At most {self._limits.max_messages} messages are accepted.", param="messages"
+            )
+        self._check_sampling(request)
+        fitted = await self._budget.fit_chat(
+            request.prompt_messages(),
+            max_tokens=request.completion_limit(),
+            min_tokens=request.min_tokens,
+            truncation=request.truncation,
+        )
+        fmt = chat_format(self._model_name, request.include_usage)
+        options = self._options(request, fitted.max_tokens)
+        return Run(
+            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+        )
+
+    async def prepare_completion(self, request: CompletionRequest) -> Run:
+        arrival_time = time.time()
+        self._check_model(request.model)
+        batch = request.prompts()
+        if len(batch) > self._limits.max_prompts:
+            raise InvalidRequestError(
+                f"At most {self._limits.max_prompts} prompts are accepted.", param="prompt"
+            )
+        self._check_sampling(request)
+        as_text = isinstance(batch[0], str)
+        fitted = await self._budget.fit_prompts(
+            [await self._encode_prompt(p) for p in batch],
+            max_tokens=request.completion_limit(),
+            min_tokens=request.min_tokens,
+            truncation=request.truncation,
+            # Text prompts keep the special tokens the tokenizer puts first (a BOS).
+            keep_prefix=await self._text_prefix_length() if as_text else 0,
+        )
+        fmt = completion_format(self._model_name, request.include_usage)
+        options = self._options(request, fitted.max_tokens)
+        return Run(
+            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+        )
+
+    async def _text_prefix_length(self) -> int:
+        """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""
+        if self._text_prefix is None:
+            self._text_prefix = len(await self._engine.tokenizer.encode(""))
+        return self._text_prefix
+
+    def _check_model(self, model: str) -> None:
+        if model != self._model_name:
+            raise ModelNotFoundError(
+                f"The model `{model}` does not exist. This server serves `{self._model_name}`.",
+                param="model",
+            )
+
+    async def _encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """A text prompt's token ids, or given ids once checked against the vocabulary."""
+        tokenizer = self._engine.tokenizer
+        if isinstance(prompt, str):
+            return await tokenizer.encode(prompt)
+        vocab = tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        return prompt
+
+    def _check_sampling(self, request: SamplingRequest) -> None:
+        """The request's own bounds, checked before any tokenizing."""
+        requested = request.completion_limit()
+        limits = self._limits
+        if request.n > limits.max_n:
+            raise InvalidRequestError(f"n must be at most {limits.max_n}.", param="n")
+        if (
+            limits.max_tokens is not None
+            and requested is not None
+            and requested > limits.max_tokens
+        ):
+            raise InvalidRequestError(
+                f"max_tokens must be at most {limits.max_tokens}.", param="max_tokens"
+            )
+        if request.n > 1 and (_or(request.temperature, 1.0) == 0 or request.top_k == 1):
+            raise InvalidRequestError(
+                "n must be 1 with greedy sampling (temperature 0 or top_k 1): "
+                "every choice would be the same",
+                param="n",
+            )
+
+    def _options(self, request: SamplingRequest, max_tokens: int) -> SamplingOptions:
+        """The engine's sampling options; `max_tokens` is what the token budget gave."""
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=_or(request.temperature, 1.0),
+            top_p=_or(request.top_p, 1.0),
+            top_k=_or(request.top_k, 0),
+            min_p=_or(request.min_p, 0.0),
+            n=request.n,
+            stop=request.stop_list(),
+            seed=request.seed,
+            presence_penalty=_or(request.presence_penalty, 0.0),
+            frequency_penalty=_or(request.frequency_penalty, 0.0),
+            repetition_penalty=_or(request.repetition_penalty, 1.0),
+            logprobs=request.logprobs_k(),
+            ignore_eos=request.ignore_eos,
+            min_tokens=request.min_tokens,
+        )
+
+    # ---- running ------------------------------------------------------------------------
+
+    async def collect(self, run: Run) -> Completion:
+        """Run to completion; `run.format.response(completion)` is the OpenAI body."""
+        choices = {
+            run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
+            for p in range(len(run.prompts))
+            for i in range(run.options.n)
+        }
+        async for prompt_index, step in self._steps(run):
+            for delta in step.choices:
+                state = choices[run.choice_index(prompt_index, delta.index)]
+                state.add(delta)
+                if delta.finish_reason is not None:
+                    state.finish_reason = checked_finish(delta.finish_reason)
+        return Completion([choices[k] for k in sorted(choices)], run.prompt_tokens)
+
+    def stream(
+        self, run: Run, on_finish: Callable[[Completion], Awaitable[None]] | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
+
+        `on_finish` gets what the run produced once it has ended normally."""
+        return _events(run, self._steps(run), on_finish)
+
+    async def _steps(self, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
+        """Engine steps of every prompt of the run, tagged with the prompt's index.
+
+        Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
+        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        with GenerationTelemetry(
+            operation, self._model_name, run.id, run.prompt_tokens, run.options
+        ) as telemetry:
+            if len(run.prompts) == 1:
+                async with contextlib.aclosing(
+                    self._engine.generate(
+                        run.engine_request_id(0),
+                        run.prompts[0],
+                        run.options,
+                        arrival_time=run.arrival_time,
+                    )
+                ) as steps:
+                    async for step in steps:
+                        telemetry.step(0, step)
+                        yield 0, step
+                return
+            async for prompt_index, step in _merge(self._engine, run):
+                telemetry.step(prompt_index, step)
+                yield prompt_index, step
+
+
+async def _events(
+    run: Run,
+    steps: AsyncGenerator[tuple[int, EngineStep], None],
+    on_finish: Callable[[Completion], Awaitable[None]] | None,
+) -> AsyncGenerator[bytes, None]:
+    """SSE events from engine steps; the steps are closed (aborting the run) with the events."""
+    writer = EventWriter(run.format)
+    async with contextlib.aclosing(steps):
+        async for prompt_index, step in steps:
+            for delta in step.choices:
+                delta.index = run.choice_index(prompt_index, delta.index)
+                for event in writer.events(delta):
+                    yield event
+    completion = writer.completion(run.prompt_tokens)
+    if run.include_usage:
+        yield writer.usage_event(completion)
+    if on_finish is not None:
+        await on_finish(completion)
+
+
+async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
+    """Run a batch of prompts concurrently; cancelling the consumer cancels them all."""
+    queue: asyncio.Queue[tuple[int, EngineStep] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            steps = engine.generate(
+                run.engine_request_id(index),
+                run.prompts[index],
+                run.options,
+                arrival_time=run.arrival_time,
+            )
+            async with contextlib.aclosing(steps):
+                async for step in steps:
+                    queue.put_nowait((index, step))
+            queue.put_nowait(None)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(run.prompts))]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value

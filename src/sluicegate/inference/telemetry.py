@@ -1,0 +1,157 @@
+"""Telemetry of one engine run: TTFT, inter-token latency, tokens, and its span.
+
+`CompletionService._steps` (`inference.service`) opens a `GenerationTelemetry` around every
+run and hands it each engine step; every generated token of every request passes here, so
+the per-step work is a clock read and, per token, one histogram observation.
+
+The span follows the OpenTelemetry GenAI conventions (`{operation} {model}`, `gen_ai.*`
+attributes) with a `first_token` event. It is started as a child of the request's span but
+never made current: a generator resumes in whichever task reads it next, and a context
+attached in one task cannot be detached in another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import cache
+from types import TracebackType
+from typing import NamedTuple
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from prometheus_client.metrics import Counter, Histogram
+
+from sluicegate.engine.protocol import EngineStep, SamplingOptions
+from sluicegate.observability import metrics
+from sluicegate.observability.record import RequestRecord, current_request
+from sluicegate.observability.tracing import tracer
+
+
+class _Series(NamedTuple):
+    ttft: Histogram
+    itl: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+
+
+@cache
+def _series(model: str) -> _Series:
+    return _Series(
+        metrics.TIME_TO_FIRST_TOKEN.labels(model),
+        metrics.INTER_TOKEN_LATENCY.labels(model),
+        metrics.PROMPT_TOKENS.labels(model),
+        metrics.COMPLETION_TOKENS.labels(model),
+    )
+
+
+class GenerationTelemetry:
+    """Use as `with GenerationTelemetry(...) as telemetry:` around the run's steps, calling
+    `telemetry.step(prompt_index, step)` for each.
+
+    `operation` is the GenAI operation name: `chat` or `text_completion`. Prompt tokens count
+    once the engine has answered (a run refused before its first step processed nothing);
+    completion tokens count as they come, those of aborted runs included."""
+
+    __slots__ = (
+        "_answered",
+        "_completion_tokens",
+        "_finish_reasons",
+        "_first_token",
+        "_last_token",
+        "_prompt_tokens",
+        "_record",
+        "_series",
+        "_span",
+        "_started",
+    )
+
+    def __init__(
+        self,
+        operation: str,
+        model: str,
+        response_id: str,
+        prompt_tokens: int,
+        options: SamplingOptions,
+    ):
+        self._series = _series(model)
+        self._record: RequestRecord | None = current_request()
+        # TTFT as the client sees it: from the request's arrival when there is one.
+        self._started = self._record.started if self._record else time.perf_counter()
+        self._prompt_tokens = prompt_tokens
+        self._answered = False
+        self._completion_tokens = 0
+        self._first_token: float | None = None
+        self._last_token: dict[int, float] = {}
+        self._finish_reasons: list[str] = []
+        self._span: Span = tracer.start_span(f"{operation} {model}", kind=SpanKind.INTERNAL)
+        if self._span.is_recording():
+            self._span.set_attributes(
+                {
+                    "gen_ai.operation.name": operation,
+                    "gen_ai.request.model": model,
+                    "gen_ai.response.model": model,
+                    "gen_ai.response.id": response_id,
+                    "gen_ai.request.max_tokens": options.max_tokens,
+                    "gen_ai.request.temperature": options.temperature,
+                    "gen_ai.request.top_p": options.top_p,
+                    "gen_ai.request.choice.count": options.n,
+                    "gen_ai.usage.input_tokens": prompt_tokens,
+                }
+            )
+
+    def __enter__(self) -> GenerationTelemetry:
+        return self
+
+    def step(self, prompt_index: int, step: EngineStep) -> None:
+        """Account for one engine step of the prompt at `prompt_index` of the run."""
+        self._answered = True
+        tokens = 0
+        for delta in step.choices:
+            self._completion_tokens += delta.num_tokens
+            tokens = max(tokens, delta.num_tokens)
+            if delta.finish_reason is not None:
+                self._finish_reasons.append(delta.finish_reason)
+        if not tokens:
+            return
+        now = time.perf_counter()
+        if self._first_token is None:
+            self._first_token = now
+            self._series.ttft.observe(now - self._started)
+            if self._record is not None:
+                self._record.first_token = now
+            self._span.add_event("first_token")
+        last = self._last_token.get(prompt_index)
+        if last is not None:
+            # A step may carry several tokens of each choice: one observation per token.
+            gap = (now - last) / tokens
+            for _ in range(tokens):
+                self._series.itl.observe(gap)
+        self._last_token[prompt_index] = now
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        prompt_tokens = self._prompt_tokens if self._answered else 0
+        self._series.prompt_tokens.inc(prompt_tokens)
+        self._series.completion_tokens.inc(self._completion_tokens)
+        if self._record is not None and self._answered:
+            self._record.add_usage(prompt_tokens, self._completion_tokens)
+        span = self._span
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "gen_ai.usage.output_tokens": self._completion_tokens,
+                    "gen_ai.response.finish_reasons": self._finish_reasons,
+                }
+            )
+            if exc_type is GeneratorExit or isinstance(exc, asyncio.CancelledError):
+                # The consumer stopped reading (client gone, time limit): the run was aborted.
+                span.set_attribute("sluicegate.aborted", True)
+            elif exc is not None:
+                span.record_exception(exc)
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+        span.end()

@@ -1,0 +1,71 @@
+"""API keys: parsing `SLUICEGATE_API_KEYS` and matching bearer tokens in constant time.
+
+Only SHA-256 digests of keys are kept in memory. A presented token is hashed and compared
+with every stored digest by `hmac.compare_digest`, without stopping at the first match, so
+timing says nothing about which key (or how much of one) matched. Each key has a public id,
+`key-` plus the first 12 hex digits of its digest, for logs and metric labels; the key itself
+is never logged. The ASGI guard that uses this is `http.auth`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+HASH_PREFIX = "sha256:"
+ANONYMOUS = "anonymous"
+"""The key id of every request when the gateway has no API keys: they share its limits."""
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class ApiKeyError(ValueError):
+    """`SLUICEGATE_API_KEYS` cannot be used; the message says why, never the key."""
+
+
+def key_id(digest: bytes) -> str:
+    return "key-" + digest.hex()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyring:
+    digests: tuple[bytes, ...]
+
+    @classmethod
+    def parse(cls, value: str) -> ApiKeyring:
+        """Keys from a comma-separated list, or from a file given as `@path` (one per line,
+        `#` comments). Each entry is a key, or `sha256:<hex digest>` of one."""
+        if value.startswith("@"):
+            path = Path(value[1:]).expanduser()
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise ApiKeyError(f"cannot read the API key file {path}: {exc.strerror}") from None
+            entries: Iterable[str] = (line.split("#", 1)[0] for line in text.splitlines())
+        else:
+            entries = value.split(",")
+        digests = tuple(_digest(entry.strip()) for entry in entries if entry.strip())
+        if not digests:
+            raise ApiKeyError("no API keys given")
+        return cls(digests)
+
+    def identify(self, token: str) -> str | None:
+        """The public id of the key `token`, or None if it is not one of ours."""
+        presented = hashlib.sha256(token.encode()).digest()
+        found: bytes | None = None
+        for digest in self.digests:
+            if hmac.compare_digest(presented, digest):
+                found = digest
+        return None if found is None else key_id(found)
+
+
+def _digest(entry: str) -> bytes:
+    if entry.startswith(HASH_PREFIX):
+        hex_digest = entry[len(HASH_PREFIX) :]
+        if not _HEX_DIGEST.fullmatch(hex_digest):
+            raise ApiKeyError("a sha256: entry must be followed by 64 hex digits")
+        return bytes.fromhex(hex_digest)
+    return hashlib.sha256(entry.encode()).digest()

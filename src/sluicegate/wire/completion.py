@@ -1,0 +1,99 @@
+"""What a run produced, delta by delta, independent of the wire format.
+
+Formats render it (`formats`), streams replay it (`events`) and the cache stores it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from typing_extensions import TypedDict
+
+from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
+from sluicegate.errors import EngineUnavailableError
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """What one choice has produced so far, delta by delta.
+
+    The deltas are kept as they came (`text_parts`, and with logprobs `logprob_counts` entries
+    of `logprobs` per part), so a cached response replays as a stream shaped like the live one.
+    """
+
+    index: int
+    text_parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    logprob_counts: list[int] | None = None
+    num_tokens: int = 0
+    text_length: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text_parts.append(delta.text)
+        self.text_length += len(delta.text)
+        self.num_tokens += delta.num_tokens
+        if delta.logprobs is not None:
+            if self.logprobs is None or self.logprob_counts is None:
+                self.logprobs, self.logprob_counts = [], [0] * (len(self.text_parts) - 1)
+            self.logprobs.extend(delta.logprobs)
+            self.logprob_counts.append(len(delta.logprobs))
+        elif self.logprob_counts is not None:
+            self.logprob_counts.append(0)
+
+    def deltas(self) -> Iterator[ChoiceDelta]:
+        """The deltas this choice was built from, without token counts or finish reason."""
+        start = 0
+        for i, text in enumerate(self.text_parts):
+            logprobs = None
+            if self.logprobs is not None and self.logprob_counts is not None:
+                end = start + self.logprob_counts[i]
+                logprobs, start = self.logprobs[start:end], end
+            yield ChoiceDelta(self.index, text, 0, None, logprobs)
+
+
+@dataclass(slots=True)
+class Completion:
+    """Everything a run produced, independent of the wire format (and what the cache keeps)."""
+
+    choices: list[ChoiceState]
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices)
+
+    @property
+    def usage(self) -> Usage:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [c.finish_reason for c in self.choices]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def checked_finish(reason: str) -> str:
+    """A finish reason to send; "abort" is refused: we never abort a request we are still
+    reading, so the engine dropped it."""
+    if reason == "abort":
+        raise EngineUnavailableError("The inference engine aborted the request.")
+    return reason

@@ -1,0 +1,90 @@
+"""Server-sent events as bytes: framing, the events of a run, and a cached answer.
+
+No I/O here: `http.sse` sends what this builds. `render_cached` is the one rendering of a
+cached completion, used by both the fast path (`http.cache_hits`) and the route.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sluicegate.engine.protocol import ChoiceDelta, FinishReason
+from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
+from sluicegate.wire.formats import ResponseFormat
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def sse_event(data: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+class EventWriter:
+    """Turns choice deltas into SSE events in a response format, and keeps what they made."""
+
+    def __init__(self, fmt: ResponseFormat) -> None:
+        self._fmt = fmt
+        self._states: dict[int, ChoiceState] = {}
+
+    def events(self, delta: ChoiceDelta) -> Iterator[bytes]:
+        """The events for one delta; `delta.index` is the choice's index in the response."""
+        fmt, index = self._fmt, delta.index
+        state = self._states.get(index)
+        if state is None:
+            state = self._states[index] = ChoiceState(index)
+            first = fmt.first_chunk(index)
+            if first is not None:
+                yield sse_event(first)
+        state.add(delta)
+        if delta.text or delta.logprobs:
+            yield sse_event(fmt.delta_chunk(state, delta))
+        if delta.finish_reason is not None:
+            state.finish_reason = checked_finish(delta.finish_reason)
+            yield sse_event(fmt.finish_chunk(index, state.finish_reason))
+
+    def completion(self, prompt_tokens: int) -> Completion:
+        return Completion([self._states[k] for k in sorted(self._states)], prompt_tokens)
+
+    def usage_event(self, completion: Completion) -> bytes:
+        return sse_event(self._fmt.usage_chunk(completion.usage))
+
+
+def replay_events(fmt: ResponseFormat, completion: Completion, include_usage: bool) -> bytes:
+    """The events a stream sent when it produced `completion`, delta for delta, in one piece
+    (without `[DONE]`). The stream is complete, so nothing is gained by sending it in parts."""
+    writer = EventWriter(fmt)
+    events: list[bytes] = []
+    for choice in completion.choices:
+        for delta in choice.deltas():
+            events.extend(writer.events(delta))
+        finish = cast(FinishReason | None, choice.finish_reason)
+        events.extend(writer.events(ChoiceDelta(choice.index, "", choice.num_tokens, finish)))
+    if include_usage:
+        events.append(writer.usage_event(completion))
+    return b"".join(events)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedAnswer:
+    body: bytes
+    headers: dict[str, str]
+    """Content type (and length, for JSON)."""
+
+
+def render_cached(
+    fmt: ResponseFormat, completion: Completion, stream: bool, include_usage: bool
+) -> RenderedAnswer:
+    """A cached completion as the whole response body: the stream it was (with `[DONE]`), or
+    the JSON body."""
+    if stream:
+        body = replay_events(fmt, completion, include_usage) + SSE_DONE
+        return RenderedAnswer(body, {"content-type": "text/event-stream", **SSE_HEADERS})
+    content = fmt.response(completion)
+    body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    return RenderedAnswer(
+        body, {"content-type": "application/json", "content-length": str(len(body))}
+    )

@@ -1,0 +1,215 @@
+"""OpenAI request models, validated with pydantic.
+
+Requests are parsed strictly enough that every bad value becomes a 400 naming its parameter:
+NaN and Infinity are refused, numbers are range-checked, and parameters we do not implement
+are refused when set rather than silently ignored. Unknown extra fields are ignored, as
+OpenAI's API and vLLM's server do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 128
+"""The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
+MAX_TOP_LOGPROBS = 20
+Truncation = Literal["auto", "disabled"]
+"""Whether a prompt that leaves too little room is truncated (see `inference.budget`)."""
+Overflow = Literal["clamp", "error"]
+"""What a `max_tokens` above what the context leaves gets: lowered, or a 400."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class SamplingRequest(_Model):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    # Up to int64, what engines store; larger values are a 400, smaller ones are clamped to
+    # what the context leaves (see inference/budget.py).
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # vLLM extensions, kept because vLLM's benchmark and clients send them.
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    logit_bias: dict[str, float] | None = None
+    # sluicegate extension: fit a prompt that leaves too little room (see inference/budget.py).
+    # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).
+    truncation: Truncation | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and any(s == "" for s in value):
+            raise ValueError("stop sequences must not be empty strings")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options can only be set when stream is true")
+        return value
+
+    def completion_limit(self) -> int | None:
+        return self.max_tokens
+
+    def logprobs_k(self) -> int | None:
+        """None: no logprobs; k: the sampled token's logprob plus the top k."""
+        return None
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None or self.stop == "":
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _refuse_if_set(value: Any, info: ValidationInfo) -> Any:
+    if value not in (None, False, [], {}):
+        raise ValueError(f"{info.field_name} is not supported by this server")
+    return None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError("only response_format {'type': 'text'} is supported")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def prompt_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (`developer` is OpenAI's newer name
+        for `system`)."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in self.messages
+        ]
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    _unsupported = field_validator("echo", "suffix")(_refuse_if_set)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("best_of is not supported by this server")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value: Prompt) -> Prompt:
+        if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a batch: each item one text, or one prompt's token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [[p for p in prompt if isinstance(p, int)]]
+        return [p for p in prompt if not isinstance(p, int)]

@@ -1,0 +1,187 @@
+"""From `Settings` to what each package takes, and opening what the lifespan owns.
+
+The packages below never see `Settings`: each takes its own small config object, built here
+and nowhere else. The `open_*` functions open Redis, the quotas, the cache and the engine
+for the lifespan in `app.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from sluicegate.cache.response_cache import CacheConfig, ResponseCache
+from sluicegate.cache.store import CacheStore, MemoryStore, RedisStore
+from sluicegate.cache.ttl import TtlPolicy, TtlRule
+from sluicegate.engine.model import model_identity, resolve_model
+from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
+from sluicegate.http.state import Timeouts
+from sluicegate.inference.budget import BudgetPolicy
+from sluicegate.inference.run import RequestLimits
+from sluicegate.quota.memory_limiter import MemoryRateLimiter
+from sluicegate.quota.quotas import Quotas
+from sluicegate.quota.redis_limiter import RedisRateLimiter
+from sluicegate.quota.window import RateLimit, RateLimiter
+from sluicegate.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+# ---- config objects ------------------------------------------------------------------------
+
+
+def request_limits(settings: Settings) -> RequestLimits:
+    return RequestLimits(
+        max_messages=settings.max_messages,
+        max_prompts=settings.max_prompts,
+        max_n=settings.max_n,
+        max_tokens=settings.max_tokens_limit,
+    )
+
+
+def budget_policy(settings: Settings) -> BudgetPolicy:
+    default_max = settings.budget_default_max_tokens
+    if settings.max_tokens_limit is not None:
+        default_max = min(default_max, settings.max_tokens_limit)
+    return BudgetPolicy(
+        reserve_ratio=settings.budget_reserve_ratio,
+        default_max_tokens=default_max,
+        min_completion_tokens=settings.budget_min_completion_tokens,
+        overflow=settings.max_tokens_overflow,
+        chat_truncation=settings.truncation,
+        completion_truncation=settings.completion_truncation,
+    )
+
+
+def ttl_rule(settings: Settings) -> TtlRule:
+    return TtlRule(
+        base=settings.cache_ttl_seconds,
+        minimum=settings.cache_ttl_min_seconds,
+        maximum=settings.cache_ttl_max_seconds,
+        fast_below=settings.cache_ttl_fast_latency,
+        slow_above=settings.cache_ttl_slow_latency,
+        fast_factor=settings.cache_ttl_fast_factor,
+        slow_factor=settings.cache_ttl_slow_factor,
+        jitter=settings.cache_ttl_jitter,
+    )
+
+
+def cache_config(settings: Settings) -> CacheConfig:
+    return CacheConfig(
+        policy=settings.cache_policy,
+        prefix=settings.redis_key_prefix,
+        per_key=settings.cache_per_api_key,
+        max_entry_bytes=settings.cache_max_entry_bytes,
+        flight_timeout=settings.cache_flight_timeout,
+        retry_interval=settings.cache_retry_interval,
+    )
+
+
+def default_rate_limit(settings: Settings) -> RateLimit:
+    return RateLimit(settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute)
+
+
+def rate_limit_overrides(settings: Settings) -> dict[str, RateLimit]:
+    return {
+        key: RateLimit(o.requests_per_minute, o.tokens_per_minute)
+        for key, o in settings.rate_limit_overrides.items()
+    }
+
+
+def timeouts(settings: Settings) -> Timeouts:
+    return Timeouts(request=settings.request_timeout, stream_stall=settings.stream_stall_timeout)
+
+
+def engine_config(settings: Settings, model: str) -> EngineConfig:
+    """The engine's configuration; `model` is the resolved folder or hub id."""
+    return EngineConfig(
+        model=model,
+        served_model_name=settings.model_name,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        scheduling_policy=settings.scheduling_policy,
+        enforce_eager=settings.enforce_eager,
+        cpu_kvcache_space_gib=settings.cpu_kvcache_space_gib,
+    )
+
+
+# ---- what the lifespan opens ---------------------------------------------------------------
+
+
+def open_redis(settings: Settings) -> redis.asyncio.Redis | None:
+    """One client (one connection pool) for everything the gateway keeps in Redis.
+
+    Each user bounds its own operations with a timeout; the socket timeout is a backstop.
+    One retry lets a request ride over a connection that died with a Redis restart."""
+    if settings.redis_url is None:
+        return None
+    return redis.asyncio.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_connect_timeout=1.0,
+        socket_timeout=1.0,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+async def greet_redis(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
+    """Open the first connection at start-up (TLS and AUTH included, which can take longer
+    than one operation's timeout) and say whether Redis answers. Start-up goes on either way:
+    the cache and rate limits fail open until Redis is back."""
+    kwargs = client.connection_pool.connection_kwargs
+    where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+    try:
+        async with asyncio.timeout(wait):
+            await client.ping()
+    except (TimeoutError, OSError, RedisError) as exc:
+        logger.warning("redis at %s does not answer (%s): serving without it", where, exc)
+    else:
+        logger.info("redis at %s answers", where)
+
+
+def open_quotas(settings: Settings, client: redis.asyncio.Redis | None) -> Quotas:
+    """Rate limits in Redis when there is one (shared by replicas), else in this process."""
+    limiter: RateLimiter
+    if client is not None:
+        limiter = RedisRateLimiter(
+            client, prefix=settings.redis_key_prefix, op_timeout=settings.rate_limit_redis_timeout
+        )
+    else:
+        limiter = MemoryRateLimiter()
+    return Quotas(
+        limiter, default=default_rate_limit(settings), overrides=rate_limit_overrides(settings)
+    )
+
+
+async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseCache:
+    """The response cache on Redis when there is one (shared by replicas), else in memory."""
+    store: CacheStore = (
+        MemoryStore(settings.cache_memory_max_bytes)
+        if client is None
+        else RedisStore(client, op_timeout=settings.cache_redis_timeout)
+    )
+    identity = await asyncio.to_thread(
+        model_identity, settings.model, settings.model_cache_dir, settings.revision
+    )
+    return ResponseCache(
+        store, TtlPolicy(ttl_rule(settings)), cache_config(settings), settings.model_name, identity
+    )
+
+
+async def start_vllm_engine(settings: Settings) -> EngineClient:
+    """The in-process vLLM engine (the default `engine_factory` of `create_app`)."""
+    model = resolve_model(settings.model, settings.model_cache_dir)
+    return await VLLMEngine.start(engine_config(settings, model))

@@ -1,0 +1,258 @@
+"""Request limits, admission and timeouts, with the fake engine or a stub app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
+
+from sluicegate.http.admission import AdmissionMiddleware
+from sluicegate.http.body_limits import BodyLimitMiddleware
+from sluicegate.http.errors import install_error_handlers
+from sluicegate.lifecycle import Lifecycle
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+
+MODEL = FAKE_MODEL
+
+
+def client_for(engine: FakeEngine, **settings: object) -> TestClient:
+    return TestClient(fake_app(engine, **settings))
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+# ---- body size and read time ---------------------------------------------------------
+
+
+def echo_app(max_bytes: int = 100, read_timeout: float = 5.0) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/echo")
+    async def echo(body: dict[str, object]) -> dict[str, object]:
+        return body
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes, read_timeout=read_timeout)
+    return app
+
+
+def test_declared_oversize_body_is_a_413() -> None:
+    with TestClient(echo_app()) as client:
+        response = client.post("/echo", json={"x": "y" * 200})
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+        assert client.post("/echo", json={"x": "small"}).json() == {"x": "small"}
+
+
+async def test_chunked_oversize_body_is_a_413() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"x": "'
+        for _ in range(10):
+            yield b"y" * 30
+        yield b'"}'
+
+    transport = httpx.ASGITransport(app=echo_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.post("/echo", content=chunks())
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+async def test_a_body_that_never_finishes_is_a_408() -> None:
+    app = echo_app(read_timeout=0.2)
+    sent: list[Message] = []
+    messages = [{"type": "http.request", "body": b'{"x": ', "more_body": True}]
+
+    async def receive() -> Message:
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(30)
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {
+        "type": "http", "method": "POST", "path": "/echo", "headers": [], "query_string": b"",
+        "http_version": "1.1", "scheme": "http", "server": ("t", 80), "root_path": "",
+    }  # fmt: skip
+    started = time.monotonic()
+    await app(scope, receive, send)
+    assert time.monotonic() - started < 2
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["code"] == "request_timeout"
+
+
+# ---- admission -----------------------------------------------------------------------
+
+
+class Gate:
+    """A stub app whose requests stay in flight until released."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.entered += 1
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(
+    app: AdmissionMiddleware, path: str = "/v1/chat/completions", key: str | None = None
+) -> list[Message]:
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {"type": "http", "path": path, "headers": [], "state": {}}
+    if key is not None:
+        scope["state"]["api_key_id"] = key
+    await app(scope, receive, send)
+    return sent
+
+
+async def test_requests_beyond_the_bound_get_a_fast_503_and_slots_come_back() -> None:
+    gate = Gate()
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=2, max_in_flight_per_key=None)
+    held = [asyncio.create_task(call(admission)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    started = time.monotonic()
+    refused = await call(admission)
+    assert time.monotonic() - started < 0.1
+    assert refused[0]["status"] == 503
+    assert (b"retry-after", b"1") in refused[0]["headers"]
+    assert json.loads(refused[1]["body"])["error"]["code"] == "overloaded"
+    gate.release.set()
+    await asyncio.gather(*held)
+    assert admission.lifecycle.in_flight == 0
+    assert (await call(admission))[0]["status"] == 200
+
+
+async def test_other_paths_are_not_counted() -> None:
+    gate = Gate()
+    gate.release.set()
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=1, max_in_flight_per_key=None)
+    admission.lifecycle.in_flight = 1
+    assert (await call(admission, path="/health"))[0]["status"] == 200
+
+
+async def test_one_key_cannot_hold_more_than_its_share() -> None:
+    gate = Gate()
+    admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=10, max_in_flight_per_key=1)
+    held = asyncio.create_task(call(admission, key="key-a"))
+    await asyncio.sleep(0.01)
+    refused = await call(admission, key="key-a")
+    assert refused[0]["status"] == 429
+    assert json.loads(refused[1]["body"])["error"]["code"] == "concurrency_limit_exceeded"
+    other = asyncio.create_task(call(admission, key="key-b"))
+    await asyncio.sleep(0.01)
+    assert gate.entered == 2
+    gate.release.set()
+    await asyncio.gather(held, other)
+    assert admission.per_key == {}
+
+
+async def test_while_draining_new_requests_get_503_and_in_flight_ones_finish() -> None:
+    gate = Gate()
+    lifecycle = Lifecycle(drain_timeout=30)
+    admission = AdmissionMiddleware(gate, lifecycle, max_in_flight=10, max_in_flight_per_key=None)
+    held = asyncio.create_task(call(admission))
+    await asyncio.sleep(0.01)
+    lifecycle.begin_drain()
+    assert not lifecycle.drained()
+    refused = await call(admission)
+    assert refused[0]["status"] == 503
+    assert json.loads(refused[1]["body"])["error"]["code"] == "shutting_down"
+    gate.release.set()
+    assert (await held)[0]["status"] == 200
+    assert lifecycle.drained()
+
+
+def test_drain_ends_when_its_time_is_up() -> None:
+    lifecycle = Lifecycle(drain_timeout=0)
+    lifecycle.in_flight = 3
+    assert not lifecycle.drained()
+    lifecycle.begin_drain()
+    assert lifecycle.drained()
+
+
+def test_ready_turns_503_while_draining() -> None:
+    lifecycle = Lifecycle(drain_timeout=30)
+    with TestClient(fake_app(lifecycle=lifecycle)) as client:
+        assert client.get("/ready").status_code == 200
+        lifecycle.begin_drain()
+        response = client.get("/ready")
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "shutting_down"
+        assert client.get("/health").status_code == 200
+
+
+# ---- per-request limits --------------------------------------------------------------
+
+
+@pytest.fixture
+def limited() -> Iterator[TestClient]:
+    with client_for(FakeEngine(), max_messages=2, max_n=2, max_tokens_limit=5, max_prompts=2) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "x"}] * 3), "messages"),
+        ("/v1/chat/completions", chat(n=3, temperature=1), "n"),
+        ("/v1/chat/completions", chat(max_tokens=6), "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": ["a", "b", "c"]}, "prompt"),
+    ],
+)
+def test_each_limit_is_a_400_naming_its_parameter(
+    limited: TestClient, path: str, body: dict[str, object], param: str
+) -> None:
+    response = limited.post(path, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+# ---- timeouts ------------------------------------------------------------------------
+
+
+def test_a_request_over_its_time_limit_is_a_504_and_the_work_stops() -> None:
+    engine = FakeEngine(step_delay=5)
+    with client_for(engine, request_timeout=0.3) as client:
+        started = time.monotonic()
+        response = client.post("/v1/chat/completions", json=chat())
+        assert time.monotonic() - started < 3
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "timeout"
+        stream = client.post("/v1/chat/completions", json=chat(stream=True))
+        assert stream.status_code == 504
+    assert engine.active == set()
+
+
+def test_a_stalled_stream_ends_with_an_error_event_and_the_work_stops() -> None:
+    engine = FakeEngine(delays=[0, 5])
+    with client_for(engine, stream_stall_timeout=0.3) as client:
+        response = client.post("/v1/chat/completions", json=chat(stream=True))
+        assert response.status_code == 200
+        lines = response.text.splitlines()
+        events = [line[6:] for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "timeout"
+        assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"
+    assert engine.active == set()

@@ -1,0 +1,74 @@
+"""Rate limits through the app (fake engine, in-process limiter)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.fakes import FAKE_MODEL, fake_app
+
+MODEL = FAKE_MODEL
+KEY = "sk-quota-test"
+
+
+def client_for(**settings: object) -> TestClient:
+    return TestClient(fake_app(**settings))
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}], **extra}
+
+
+@pytest.fixture
+def limited() -> Iterator[TestClient]:
+    with client_for(rate_limit_requests_per_minute=2) as client:
+        yield client
+
+
+def test_requests_per_minute_end_in_a_429_with_openai_headers(limited: TestClient) -> None:
+    first = limited.post("/v1/chat/completions", json=chat())
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert "x-ratelimit-reset-requests" in first.headers
+    assert limited.post("/v1/completions", json={"model": MODEL, "prompt": "x"}).status_code == 200
+    refused = limited.post("/v1/chat/completions", json=chat(stream=True))
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_streams_carry_the_headers_and_settle_their_tokens() -> None:
+    # 4 prompt tokens ("user a b c") up front, 3 completion tokens settled at the end.
+    with client_for(rate_limit_tokens_per_minute=10) as client:
+        first = client.post("/v1/chat/completions", json=chat(stream=True))
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-remaining-tokens"] == "6"
+        refused = client.post("/v1/chat/completions", json=chat())
+        assert refused.status_code == 429, "the first stream's completion tokens were settled"
+        assert "tokens" in refused.json()["error"]["message"]
+
+
+def test_overrides_apply_by_key_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluicegate.keys import ApiKeyring
+
+    key_id = ApiKeyring.parse(KEY).identify(KEY)
+    assert key_id is not None
+    # As operators set it: JSON in the environment.
+    overrides = json.dumps({key_id: {"requests_per_minute": 1}})
+    monkeypatch.setenv("SLUICEGATE_RATE_LIMIT_OVERRIDES", overrides)
+    with client_for(api_keys=KEY, rate_limit_requests_per_minute=100) as client:
+        auth = {"authorization": f"Bearer {KEY}"}
+        assert client.post("/v1/chat/completions", json=chat(), headers=auth).status_code == 200
+        assert client.post("/v1/chat/completions", json=chat(), headers=auth).status_code == 429
+
+
+def test_no_limits_no_headers() -> None:
+    with client_for() as client:
+        response = client.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 200
+        assert not any(h.startswith("x-ratelimit") for h in response.headers)
