@@ -7,6 +7,7 @@ event loop (vLLM requires it), hands them to requests as one `AppState`, and clo
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -31,7 +32,9 @@ from sluicegate.http.telemetry import TelemetryMiddleware
 from sluicegate.inference.service import CompletionService
 from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.observability.loop_lag import watch_loop_lag
 from sluicegate.observability.tracing import Tracing
+from sluicegate.offload import ProcessOffload
 from sluicegate.paths import PROBE_PATHS
 from sluicegate.settings import Settings
 
@@ -80,6 +83,10 @@ def create_app(
                 settings.model_name,
                 engine.max_model_len,
             )
+            lag_watch = asyncio.create_task(watch_loop_lag())
+            stack.callback(lag_watch.cancel)
+            processes = ProcessOffload()
+            stack.callback(processes.shutdown)
             service = CompletionService(
                 engine,
                 settings.model_name,
@@ -93,6 +100,7 @@ def create_app(
                 quotas=quotas,
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
+                processes=processes,
                 model_name=settings.model_name,
                 model_root=settings.model or settings.model_name,
                 started_at=int(time.time()),

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sluicegate.api.deps import StateDep
+from sluicegate.api.route import LargeBodyRoute
 from sluicegate.cache.lease import Lease
 from sluicegate.cache.response_cache import Lookup
 from sluicegate.http.asgi import api_key_id
@@ -28,7 +29,7 @@ from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
-router = APIRouter(prefix="/v1", tags=["completions"])
+router = APIRouter(prefix="/v1", tags=["completions"], route_class=LargeBodyRoute)
 # Tokenizing the request and fitting it to the context window: the token budget.
 TOKEN_BUDGET_SPAN = "token_budget"
 

@@ -22,6 +22,9 @@ from sluicegate.wire.formats import ChatFormat
 MAX_SHAPES = 8192
 MAX_FINGERPRINTS = 4096
 MAX_REMEMBERED_BODY = 4096
+MAX_FINGERPRINTED_BODY = 64 * 1024
+"""Larger bodies take the full path every time: parsing and re-serializing them here would
+hold the event loop (the cache still answers them, by their token ids)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class FastPath:
     def fingerprint(self, path: str, body: bytes, key_id: str) -> str | None:
         """A digest of the request body up to JSON layout, or None if it is not a JSON object
         (or the cache is off)."""
-        if not self._enabled:
+        if not self._enabled or len(body) > MAX_FINGERPRINTED_BODY:
             return None
         namespace = key_id if self._per_key else ""
         # The same bytes again (a client repeating itself) skip parsing and re-serializing.

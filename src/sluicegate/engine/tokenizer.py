@@ -22,6 +22,10 @@ R = TypeVar("R")
 
 # Characters above which encoding moves off the event loop (~0.2 ms of work inline).
 INLINE_LIMIT_CHARS = 2048
+# What one message weighs beside its text, in characters: rendering the template for many
+# short messages is work too.
+MESSAGE_WEIGHT_CHARS = 64
+COUNT_BATCH = 2048
 # Bounds of the memo of recent chat encodings.
 MEMO_MAX_ENTRIES = 2048
 MEMO_MAX_CHARS = 8 * 1024 * 1024  # about 2M tokens held, some 20 MiB with their lists
@@ -53,8 +57,7 @@ class HFPromptTokenizer:
         return len(self._tokenizer)
 
     async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        size = sum(len(m["content"]) for m in messages)
-        return await self._run(size, self._encode_chat_sync, messages)
+        return await self._run(_chat_size(messages), self._encode_chat_sync, messages)
 
     async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
         key = tuple((m["role"], m["content"]) for m in messages)
@@ -62,7 +65,7 @@ class HFPromptTokenizer:
         if found is not None:
             # A list of its own: the ids become the run's prompt.
             return dataclasses.replace(found, ids=list(found.ids))
-        size = sum(len(m["content"]) for m in messages)
+        size = _chat_size(messages)
         encoding = await self._run(size, self._encode_chat_counted_sync, messages)
         self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
         return encoding
@@ -71,7 +74,8 @@ class HFPromptTokenizer:
         return await self._run(len(text), self._encode_sync, text)
 
     async def count(self, texts: Sequence[str]) -> list[int]:
-        return await self._run(sum(len(t) for t in texts), self._count_sync, texts)
+        size = sum(len(t) for t in texts) + MESSAGE_WEIGHT_CHARS * len(texts)
+        return await self._run(size, self._count_sync, texts)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))
@@ -113,9 +117,14 @@ class HFPromptTokenizer:
         if not texts:
             return []
         if self._backend is not None:
-            return [
-                len(e) for e in self._backend.encode_batch(list(texts), add_special_tokens=False)
-            ]
+            # In batches: turning one batch's encodings into Python objects holds the GIL,
+            # and so the event loop, for as long as the batch is large.
+            counts: list[int] = []
+            for start in range(0, len(texts), COUNT_BATCH):
+                batch = list(texts[start : start + COUNT_BATCH])
+                encodings = self._backend.encode_batch(batch, add_special_tokens=False)
+                counts.extend(len(e) for e in encodings)
+            return counts
         return [
             len(ids) for ids in self._tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         ]
@@ -125,6 +134,10 @@ class HFPromptTokenizer:
             return fn(arg)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, arg)
+
+
+def _chat_size(messages: Sequence[dict[str, str]]) -> int:
+    return sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
 
 
 def content_spans(text: str, contents: Sequence[str]) -> list[tuple[int, int]] | None:

@@ -14,6 +14,7 @@ from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.inference.service import CompletionService
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.offload import ProcessOffload
 from sluicegate.quota.quotas import Quotas
 
 STATE_KEY = "sluicegate"
@@ -35,6 +36,8 @@ class AppState:
     quotas: Quotas
     lifecycle: Lifecycle
     timeouts: Timeouts
+    processes: ProcessOffload
+    """Where large request bodies are parsed (`api.route`)."""
     model_name: str
     """The name clients pass as `model`."""
     model_root: str

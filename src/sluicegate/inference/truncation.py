@@ -23,12 +23,14 @@ shortfall becomes a margin and the rules run again.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Literal
 
 from sluicegate.engine.protocol import ChatEncoding, PromptTokenizer
+from sluicegate.offload import offload
 
 Step = Literal["dedupe_system", "compress", "drop_turns", "cut_turn"]
 
@@ -40,6 +42,15 @@ _SPACES = re.compile(r"[^\S\n]{2,}|[^\S\n ]")
 _BLANK_LINES = re.compile(r"\n{3,}")
 # What `_SPACES` can find in ASCII text: substring tests are much quicker than the regex.
 _ASCII_RUNS = ("  ", "\t", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f")
+_NOT_SPACE = re.compile(r"\S")
+# Regex work on long texts goes in pieces of about this many characters, so that no single
+# C call holds the GIL (and so the event loop, from a worker thread) for long.
+_PIECE = 64 * 1024
+# No token is longer than this many characters, so a text of more characters than this many
+# times a number of tokens cannot fit in that number (generous: vocabularies stay far below).
+_MAX_TOKEN_CHARS = 128
+# Sentences counted at first when cutting a turn from its end; each further batch is 4x larger.
+_FIRST_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +154,7 @@ class _Planner:
         self._fixed = fixed
         self._tokenizer = tokenizer
         self._counts: dict[str, int] = {}
-        self._collapsed = {e.index: collapse_whitespace(e.content) for e in entries}
+        self._collapsed: dict[int, str] | None = None
         first_system = next((e.index for e in entries if e.role == "system"), None)
         # Without a user message, the last message stands in for it: something must stay.
         last_user = max((e.index for e in entries if e.role == "user"), default=len(entries) - 1)
@@ -159,6 +170,9 @@ class _Planner:
             steps.append("dedupe_system")
         if self._fixed + sum(e.tokens for e in kept) <= bound:
             return self._plan(kept, steps, bound)
+        if self._collapsed is None:
+            size = sum(len(e.content) for e in self._entries)
+            self._collapsed = await offload.run(size, collapse_all, self._entries)
         compressed = compress(kept, self._older, self._collapsed)
         if compressed != kept:
             steps.append("compress")
@@ -193,12 +207,15 @@ class _Planner:
 
     async def _counted(self, older: list[list[Entry]], position: int, room: int) -> list[Entry]:
         """Turn `position` with exact counts. Uncounted text is counted in one batch for it
-        and the older turns that may still fit in `room` (by their upper bounds)."""
+        and the older turns that may still fit in `room` (by their upper bounds). A text too
+        long to fit whatever it counts (by characters) keeps its upper bound: it will be cut,
+        and tokenizing megabytes only to learn that would cost seconds."""
         if all(e.counted for e in older[position]):
             return older[position]
+        longest = _MAX_TOKEN_CHARS * max(room, 0)
         texts: list[str] = []
         for turn in reversed(older[: position + 1]):
-            texts.extend(e.content for e in turn if not e.counted)
+            texts.extend(e.content for e in turn if not e.counted and len(e.content) <= longest)
             room -= sum(e.tokens for e in turn)
             if room < 0:
                 break
@@ -220,17 +237,34 @@ class _Planner:
             return None  # even empty contents would not do
         cut: list[Entry] = []
         for entry in turn:
-            pieces = sentence_pieces(entry.content) if need > 0 else []
+            text = entry.content
+            pieces = await offload.run(len(text), sentence_pieces, text) if need > 0 else []
             if len(pieces) < 2:
                 cut.append(entry)
                 continue
-            counts = await self._count(pieces)
-            keep_from = cut_point(counts, entry.content_tokens, need)
-            kept_tokens = sum(counts[keep_from:])
-            text = "".join(pieces[keep_from:]).lstrip()
+            kept, kept_tokens = await self._kept_suffix(pieces, entry.content_tokens - need)
+            text = "".join(pieces[len(pieces) - kept :]).lstrip()
             cut.append(entry.with_content(text, kept_tokens))
             need -= entry.content_tokens - kept_tokens
         return cut if need <= 0 else None
+
+    async def _kept_suffix(self, pieces: list[str], allowance: int) -> tuple[int, int]:
+        """How many of the last pieces fit in `allowance` tokens, and their tokens: at least
+        the last piece, never the first.
+
+        Pieces are counted from the end in growing batches (not memoized: they are many and
+        rarely seen again), so a long text is counted only as far as what can stay."""
+        kept = kept_tokens = 0
+        end, batch = len(pieces), _FIRST_BATCH
+        while end > 1:
+            start = max(1, end - batch)
+            counts = await self._tokenizer.count(pieces[start:end])
+            more = kept_pieces(counts[::-1], allowance - kept_tokens, first=not kept)
+            kept, kept_tokens = kept + more, kept_tokens + sum(counts[len(counts) - more :])
+            if more < len(counts):
+                break
+            end, batch = start, batch * 4
+        return kept, kept_tokens
 
 
 # ---- the rules, as pure functions ---------------------------------------------------------
@@ -249,15 +283,37 @@ def dedupe_system(entries: list[Entry]) -> list[Entry]:
     return kept
 
 
+def collapse_all(entries: Sequence[Entry]) -> dict[int, str]:
+    """Every message's text with whitespace collapsed, by request position."""
+    return {e.index: collapse_whitespace(e.content) for e in entries}
+
+
 def collapse_whitespace(text: str) -> str:
     """Runs of spaces and tabs become one space, lines lose trailing spaces, runs of blank
     lines become one, and the ends are stripped."""
+    return "".join(_collapse_piece(piece) for piece in _pieces(text)).strip()
+
+
+def _collapse_piece(text: str) -> str:
     if not text.isascii() or any(run in text for run in _ASCII_RUNS):
         text = _SPACES.sub(" ", text)
     text = text.replace(" \n", "\n")
     if "\n\n\n" in text:
         text = _BLANK_LINES.sub("\n\n", text)
-    return text.strip()
+    return text
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """`text` in pieces of about `_PIECE` characters, each cut just before a non-whitespace
+    character, so that no run of whitespace is split between two pieces."""
+    start = 0
+    while len(text) - start > _PIECE:
+        found = _NOT_SPACE.search(text, start + _PIECE)
+        if found is None:
+            break
+        yield text[start : found.start()]
+        start = found.start()
+    yield text[start:]
 
 
 def compress(
@@ -303,22 +359,22 @@ def turns(entries: list[Entry], older: Callable[[Entry], bool]) -> list[list[Ent
 
 
 def sentence_pieces(text: str) -> list[str]:
-    """`text` split before each sentence or line that follows another; they join back to it."""
+    """`text` split before each sentence or line that follows another; they join back to it.
+    Linear in the length of `text`: no piece starts in its trailing whitespace."""
+    end = len(text.rstrip())
     cuts = [0]
     for match in _BOUNDARY.finditer(text):
         at = match.end()
-        if at > cuts[-1] and text[at:].strip():
+        if cuts[-1] < at < end:
             cuts.append(at)
     cuts.append(len(text))
     return [text[a:b] for a, b in pairwise(cuts)]
 
 
-def cut_point(counts: Sequence[int], total: int, need: int) -> int:
-    """The first piece to keep: the earliest that frees `need` of `total` tokens, or the last
-    piece when none does."""
-    suffix = sum(counts)
-    for keep_from in range(1, len(counts)):
-        suffix -= counts[keep_from - 1]
-        if total - suffix >= need:
-            return keep_from
-    return len(counts) - 1
+def kept_pieces(counts_from_end: Sequence[int], allowance: int, first: bool = True) -> int:
+    """How many pieces, taken from the end (`counts_from_end` lists their token counts last
+    piece first), fit together in `allowance` tokens. With `first`, the last piece counts as
+    fitting even when it alone does not: something must stay."""
+    totals = list(accumulate(counts_from_end))
+    fitting = bisect_right(totals, allowance)
+    return max(fitting, 1) if first and totals else fitting

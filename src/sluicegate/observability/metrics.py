@@ -98,6 +98,13 @@ COMPLETION_TOKENS = Counter(
     ["model"],
 )
 
+EVENT_LOOP_LAG = Histogram(
+    "sluicegate_event_loop_lag_seconds",
+    "How much later than asked the event loop ran a 100 ms timer: time it spent on work "
+    "that did not yield, which every request and probe waited for.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
 # ---- response cache ------------------------------------------------------------------------
 CACHE_REQUESTS = Counter(
     "sluicegate_cache_requests_total",

@@ -17,9 +17,9 @@ from sluicegate.inference.truncation import (
     Entry,
     TruncatedChat,
     collapse_whitespace,
-    cut_point,
     dedupe_system,
     drop_repeats,
+    kept_pieces,
     sentence_pieces,
     truncate_chat,
     turns,
@@ -67,12 +67,37 @@ def test_collapse_whitespace_keeps_words_lines_and_one_blank_line() -> None:
     assert collapse_whitespace("already tidy\n\nyes") == "already tidy\n\nyes"
 
 
-def test_cut_point_is_the_earliest_piece_that_frees_enough() -> None:
-    counts = [5, 5, 5, 5]
-    assert cut_point(counts, 20, 1) == 1
-    assert cut_point(counts, 20, 6) == 2
-    assert cut_point(counts, 20, 15) == 3
-    assert cut_point(counts, 20, 99) == 3, "the last piece always stays"
+def test_kept_pieces_are_the_most_from_the_end_that_fit() -> None:
+    counts_from_end = [5, 5, 5, 5]
+    assert kept_pieces(counts_from_end, 19) == 3
+    assert kept_pieces(counts_from_end, 14) == 2
+    assert kept_pieces(counts_from_end, 5) == 1
+    assert kept_pieces(counts_from_end, 0) == 1, "the last piece always stays"
+    assert kept_pieces(counts_from_end, 0, first=False) == 0
+    assert kept_pieces([3, 9, 1], 11) == 1, "pieces stay only while every later one does"
+
+
+async def test_a_long_turn_is_counted_only_as_far_as_what_stays(
+    hf_tokenizer: HFPromptTokenizer,
+) -> None:
+    counted: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(hf_tokenizer, name)
+
+        async def count(self, texts: Sequence[str]) -> list[int]:
+            counted.append(len(texts))
+            return await hf_tokenizer.count(texts)
+
+    old = " ".join(f"Sentence number {i} is here." for i in range(50_000))
+    messages = [msg("user", old), msg("assistant", "Yes."), msg("user", "And?")]
+    encoding = await hf_tokenizer.encode_chat_counted(messages)
+    result = await truncate_chat(Counting(), messages, encoding, 200)  # type: ignore[arg-type]
+    assert result.steps[-1] == "cut_turn" and len(result.ids) <= 200
+    assert result.messages[0]["content"].endswith("Sentence number 49999 is here.")
+    # The 50,000 sentences are split, but only those near the end are tokenized.
+    assert sum(counted) < 1_000, counted
 
 
 def entries(*specs: tuple[str, str]) -> list[Entry]:

@@ -1,0 +1,73 @@
+"""Work proportional to input size, run off the event loop and bounded.
+
+Below `inline_limit` (in characters or bytes of input) the work runs inline: a thread hop
+costs more than it. Above, it runs in a small thread pool, so a few large requests at once
+queue there instead of stalling the loop. A thread helps only with work that lets go of the
+GIL (the tokenizers' Rust core, hashing) or that runs Python bytecode between short C calls:
+the loop takes the GIL back every `sys.getswitchinterval()` (5 ms). One long C call that holds
+the GIL (a regex over megabytes, parsing a large JSON body) must be cut into pieces, as
+`inference.truncation.collapse_whitespace` does, or sent to another process
+(`api.route.LargeBodyRoute`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
+
+from typing_extensions import ParamSpec
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+INLINE_LIMIT = 64 * 1024
+
+
+class Offload:
+    def __init__(self, workers: int = 2, inline_limit: int = INLINE_LIMIT) -> None:
+        self._workers = workers
+        self.inline_limit = inline_limit
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def run(self, size: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """`fn(*args, **kwargs)`, inline when `size` is small, else in the pool."""
+        if size <= self.inline_limit:
+            return fn(*args, **kwargs)
+        if self._executor is None:  # made on first use: most processes never need it
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="offload")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+offload = Offload()
+"""The process's pool for input-sized work that has no pool of its own."""
+
+
+class ProcessOffload:
+    """One worker process, made on first use, for work that holds the GIL for long: the
+    calls wait their turn in it, so at most one runs at a time. `fn` and its arguments must
+    pickle. A worker that died (killed, out of memory) is replaced for the next call."""
+
+    def __init__(self) -> None:
+        self._executor: ProcessPoolExecutor | None = None
+
+    async def run(self, fn: Callable[..., R], *args: object) -> R:
+        if self._executor is None:
+            # spawn, as vLLM's engine core is started: a fork of a process with threads and
+            # an event loop is not safe.
+            context = multiprocessing.get_context("spawn")
+            self._executor = ProcessPoolExecutor(1, mp_context=context)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except BrokenProcessPool:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -1,0 +1,47 @@
+"""A request body validated and made compact, for large bodies parsed in a worker process.
+
+Parsing and validating a body of megabytes holds the GIL for as long as it takes (json and
+pydantic-core are C and Rust that never let go of it), which would stall the event loop. So
+`api.route.LargeBodyRoute` sends large bodies here, in another process, and gets back either
+the first validation error or the request as plain data with each message's content parts
+joined into one text (what `ChatMessage.text()` would give), which the route then validates
+again cheaply: what it costs depends on the number of messages, not of parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sluicegate.wire.requests import ChatCompletionRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CompactBody:
+    data: dict[str, Any] | None
+    """The validated request as JSON data, content parts joined; None when invalid."""
+    errors: list[dict[str, Any]]
+    """The first validation error, located as FastAPI locates them (`("body", ...)`)."""
+
+
+def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
+    try:
+        request = model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        ctx = first.get("ctx") or {}
+        error = {
+            "type": first["type"],
+            "loc": ("body", *first["loc"]),
+            "msg": first["msg"],
+            "ctx": {k: str(v) for k, v in ctx.items()},
+        }
+        return CompactBody(None, [error])
+    data = request.model_dump(mode="json", exclude_unset=True)
+    if isinstance(request, ChatCompletionRequest):
+        for message, parsed in zip(data["messages"], request.messages, strict=True):
+            if isinstance(parsed.content, list):
+                message["content"] = parsed.text()
+    return CompactBody(data, [])
