@@ -1,13 +1,15 @@
 """OpenAI request models, validated with pydantic.
 
 Requests are parsed strictly enough that every bad value becomes a 400 naming its parameter:
-NaN and Infinity are refused, numbers are range-checked, and parameters we do not implement
-are refused when set rather than silently ignored. Unknown extra fields are ignored, as
-OpenAI's API and vLLM's server do.
+NaN and Infinity are refused, numbers are range-checked (never beyond what the engine stores:
+int32 for `top_k`, int64 elsewhere), text with a lone UTF-16 surrogate (`"\\ud800"` in JSON) is
+refused, and parameters we do not implement are refused when set rather than silently ignored.
+Unknown extra fields are ignored, as OpenAI's API and vLLM's server do.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +22,7 @@ from pydantic import (
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
@@ -33,6 +36,30 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
 
 
+# JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
+# code point, so any surrogate left in a parsed string is a lone one. Such text cannot be
+# encoded: the tokenizer, the cache and every JSON answer that echoes it would fail.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value: str | list[str], what: str = "text") -> None:
+    """Raise if `value` (a string or strings) holds a lone surrogate.
+
+    C-speed: `isascii` is O(1) in CPython, a list is checked as one joined string, and only
+    a refused value is searched again to say where."""
+    joined = value if isinstance(value, str) else "".join(value)
+    if joined.isascii() or _SURROGATE.search(joined) is None:
+        return
+    where = ""
+    if not isinstance(value, str):
+        index = next(i for i, item in enumerate(value) if _SURROGATE.search(item))
+        where = f" (item {index})"
+    raise ValueError(
+        f"{what}{where} is not valid Unicode: it holds a lone UTF-16 surrogate "
+        "(an unpaired \\ud800-\\udfff escape)"
+    )
+
+
 class TextPart(_Model):
     type: Literal["text"]
     text: str
@@ -42,6 +69,20 @@ class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_is_unicode(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        if value is not None:
+            check_text(value if isinstance(value, str) else [p.text for p in value], "content")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_unicode(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_text(value, "name")
+        return value
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
@@ -70,7 +111,8 @@ class SamplingRequest(_Model):
     max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    # vLLM keeps top_k in an int32 tensor (and lowers any value above the vocabulary to it).
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
@@ -83,7 +125,7 @@ class SamplingRequest(_Model):
     stream_options: StreamOptions | None = None
     # vLLM extensions, kept because vLLM's benchmark and clients send them.
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)
     logit_bias: dict[str, float] | None = None
     # sluicegate extension: fit a prompt that leaves too little room (see inference/budget.py).
     # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).
@@ -94,6 +136,15 @@ class SamplingRequest(_Model):
     def _stop_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
+        if value is not None:
+            check_text(value, "stop")
+        return value
+
+    @field_validator("model", "user")
+    @classmethod
+    def _is_unicode(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            check_text(value, info.field_name or "text")
         return value
 
     @field_validator("logit_bias")
@@ -200,6 +251,10 @@ class CompletionRequest(SamplingRequest):
     def _prompt_not_empty(cls, value: Prompt) -> Prompt:
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
+        if isinstance(value, str):
+            check_text(value, "prompt")
+        elif isinstance(value[0], str):  # a batch of texts (never mixed with ids: see Prompt)
+            check_text([p for p in value if isinstance(p, str)], "prompt")
         return value
 
     def logprobs_k(self) -> int | None:
