@@ -9,17 +9,19 @@ Unknown extra fields are ignored, as OpenAI's API and vLLM's server do.
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -39,25 +41,47 @@ class _Model(BaseModel):
 # JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
 # code point, so any surrogate left in a parsed string is a lone one. Such text cannot be
 # encoded: the tokenizer, the cache and every JSON answer that echoes it would fail.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = (
+    "text is not valid Unicode: it holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+    "escape)"
+)
+Loc = tuple[str | int, ...]
 
 
-def check_text(value: str | list[str], what: str = "text") -> None:
-    """Raise if `value` (a string or strings) holds a lone surrogate.
+def _lone_surrogate(text: str) -> bool:
+    """C-speed: `isascii` is O(1) in CPython; other text is encoded once (a few ms per MB)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # UTF-8 encodes every code point but surrogates
+        return True
+    return False
 
-    C-speed: `isascii` is O(1) in CPython, a list is checked as one joined string, and only
-    a refused value is searched again to say where."""
-    joined = value if isinstance(value, str) else "".join(value)
-    if joined.isascii() or _SURROGATE.search(joined) is None:
+
+def _check_texts(texts: list[str], where: Callable[[int], Loc] = lambda i: (i,)) -> None:
+    """Refuse the first of `texts` holding a lone surrogate, at `where(index)`: its location
+    relative to the field being validated, so that the error's `param` names it (`stop.1`).
+
+    The texts are checked as one joined string; only a refused request is walked again."""
+    if not _lone_surrogate("".join(texts)):
         return
-    where = ""
-    if not isinstance(value, str):
-        index = next(i for i, item in enumerate(value) if _SURROGATE.search(item))
-        where = f" (item {index})"
-    raise ValueError(
-        f"{what}{where} is not valid Unicode: it holds a lone UTF-16 surrogate "
-        "(an unpaired \\ud800-\\udfff escape)"
+    index = next(i for i, text in enumerate(texts) if _lone_surrogate(text))
+    _refuse(where(index), texts[index])
+
+
+def _refuse(loc: Loc, text: str) -> NoReturn:
+    error = PydanticCustomError("invalid_unicode", LONE_SURROGATE)
+    raise ValidationError.from_exception_data(
+        "text", [InitErrorDetails(type=error, loc=loc, input=text)]
     )
+
+
+def _check_field(value: str | list[str]) -> None:
+    if isinstance(value, str):
+        _check_texts([value], lambda _: ())
+    else:
+        _check_texts(value)
 
 
 class TextPart(_Model):
@@ -70,25 +94,24 @@ class ChatMessage(_Model):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
-    @field_validator("content")
-    @classmethod
-    def _content_is_unicode(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
-        if value is not None:
-            check_text(value if isinstance(value, str) else [p.text for p in value], "content")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_unicode(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_text(value, "name")
-        return value
-
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         return self
+
+    def refused_texts(self, index: int) -> list[tuple[Loc, str]]:
+        """The message's texts holding a lone surrogate, located as in a request where it is
+        `messages[index]`."""
+        content = self.content
+        located: list[tuple[Loc, str]] = []
+        if isinstance(content, str):
+            located.append(((index, "content"), content))
+        elif content is not None:
+            located += [((index, "content", j, "text"), p.text) for j, p in enumerate(content)]
+        if self.name is not None:
+            located.append(((index, "name"), self.name))
+        return [(loc, text) for loc, text in located if _lone_surrogate(text)]
 
     def text(self) -> str:
         if self.content is None:
@@ -137,14 +160,14 @@ class SamplingRequest(_Model):
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
         if value is not None:
-            check_text(value, "stop")
+            _check_field(value)
         return value
 
     @field_validator("model", "user")
     @classmethod
-    def _is_unicode(cls, value: str | None, info: ValidationInfo) -> str | None:
+    def _is_unicode(cls, value: str | None) -> str | None:
         if value is not None:
-            check_text(value, info.field_name or "text")
+            _check_field(value)
         return value
 
     @field_validator("logit_bias")
@@ -197,6 +220,24 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
 
     _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_are_unicode(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        # One check over the whole conversation (a validator per message would cost more than
+        # the check); only a refused one is walked again to say where.
+        texts: list[str] = []
+        for message in value:
+            content = message.content
+            if isinstance(content, str):
+                texts.append(content)
+            elif content is not None:
+                texts += [part.text for part in content]
+            if message.name is not None:
+                texts.append(message.name)
+        if _lone_surrogate("".join(texts)):
+            _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
+        return value
 
     @field_validator("response_format")
     @classmethod
@@ -251,10 +292,8 @@ class CompletionRequest(SamplingRequest):
     def _prompt_not_empty(cls, value: Prompt) -> Prompt:
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
-        if isinstance(value, str):
-            check_text(value, "prompt")
-        elif isinstance(value[0], str):  # a batch of texts (never mixed with ids: see Prompt)
-            check_text([p for p in value if isinstance(p, str)], "prompt")
+        if isinstance(value, str) or isinstance(value[0], str):  # texts are never mixed with ids
+            _check_field(value)
         return value
 
     def logprobs_k(self) -> int | None:

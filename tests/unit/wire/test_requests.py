@@ -108,10 +108,10 @@ CHAT_START = '{"model": "m", "messages": [{"role": "user", '
         (CHAT_START + '"content": "a\\ud800b"}]}', "messages.0.content"),
         (CHAT_START + '"content": "\\udfff"}]}', "messages.0.content"),
         (CHAT_START + '"content": [{"type": "text", "text": "ok"}, '
-         '{"type": "text", "text": "\\ud83d"}]}]}', "messages.0.content"),
+         '{"type": "text", "text": "\\ud83d"}]}]}', "messages.0.content.1.text"),
         (CHAT_START + '"content": "hi", "name": "\\ud800"}]}', "messages.0.name"),
         (CHAT_START + '"content": "hi"}], "stop": "\\ud800"}', "stop"),
-        (CHAT_START + '"content": "hi"}], "stop": ["ok", "x\\udc00"]}', "stop"),
+        (CHAT_START + '"content": "hi"}], "stop": ["ok", "x\\udc00"]}', "stop.1"),
         (CHAT_START + '"content": "hi"}], "user": "\\ud800"}', "user"),
         ('{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "model"),
     ],
@@ -126,8 +126,8 @@ def test_lone_surrogates_in_chat_text_are_refused_naming_the_field(raw: str, par
     ("raw", "param"),
     [
         ('{"model": "m", "prompt": "\\ud800"}', "prompt"),
-        ('{"model": "m", "prompt": ["fine", "\\udbff tail"]}', "prompt"),
-        ('{"model": "m", "prompt": "x", "stop": ["\\ud800"]}', "stop"),
+        ('{"model": "m", "prompt": ["fine", "\\udbff tail"]}', "prompt.1"),
+        ('{"model": "m", "prompt": "x", "stop": ["\\ud800"]}', "stop.0"),
     ],
 )
 def test_lone_surrogates_in_prompts_are_refused(raw: str, param: str) -> None:
