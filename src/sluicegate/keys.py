@@ -5,6 +5,9 @@ with every stored digest by `hmac.compare_digest`, without stopping at the first
 timing says nothing about which key (or how much of one) matched. Each key has a public id,
 `key-` plus the first 12 hex digits of its digest, for logs and metric labels; the key itself
 is never logged. The ASGI guard that uses this is `http.auth`.
+
+An empty token is no key: a request without one never matches, and `sha256:` plus the digest
+of the empty string (what `printf '' | sha256sum` prints) is refused at start-up.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ HASH_PREFIX = "sha256:"
 ANONYMOUS = "anonymous"
 """The key id of every request when the gateway has no API keys: they share its limits."""
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
+_EMPTY_DIGEST = hashlib.sha256(b"").digest()
 
 
 class ApiKeyError(ValueError):
@@ -36,15 +40,18 @@ class ApiKeyring:
 
     @classmethod
     def parse(cls, value: str) -> ApiKeyring:
-        """Keys from a comma-separated list, or from a file given as `@path` (one per line,
-        `#` comments). Each entry is a key, or `sha256:<hex digest>` of one."""
+        """Keys from a comma-separated list, or from a file given as `@path`: one per line, and
+        a line whose first non-blank character is `#` is a comment (a key may hold `#`). Each
+        entry is a key, or `sha256:<hex digest>` of one."""
         if value.startswith("@"):
             path = Path(value[1:]).expanduser()
             try:
                 text = path.read_text()
             except OSError as exc:
                 raise ApiKeyError(f"cannot read the API key file {path}: {exc.strerror}") from None
-            entries: Iterable[str] = (line.split("#", 1)[0] for line in text.splitlines())
+            entries: Iterable[str] = (
+                line for line in text.splitlines() if not line.lstrip().startswith("#")
+            )
         else:
             entries = value.split(",")
         digests = tuple(_digest(entry.strip()) for entry in entries if entry.strip())
@@ -54,6 +61,8 @@ class ApiKeyring:
 
     def identify(self, token: str) -> str | None:
         """The public id of the key `token`, or None if it is not one of ours."""
+        if not token:  # no key given: whatever the ring holds, it is not a match
+            return None
         presented = hashlib.sha256(token.encode()).digest()
         found: bytes | None = None
         for digest in self.digests:
@@ -67,5 +76,11 @@ def _digest(entry: str) -> bytes:
         hex_digest = entry[len(HASH_PREFIX) :]
         if not _HEX_DIGEST.fullmatch(hex_digest):
             raise ApiKeyError("a sha256: entry must be followed by 64 hex digits")
-        return bytes.fromhex(hex_digest)
+        digest = bytes.fromhex(hex_digest)
+        if digest == _EMPTY_DIGEST:
+            raise ApiKeyError(
+                "a sha256: entry is the digest of the empty string (a digest made without "
+                "the key): it would let requests without a key in"
+            )
+        return digest
     return hashlib.sha256(entry.encode()).digest()

@@ -198,6 +198,15 @@ class Settings(BaseSettings):
         ge=1,
         description="Largest `max_tokens` accepted. Unset: the context bounds it.",
     )
+    max_stop_sequences: int = Field(
+        default=64,
+        ge=1,
+        description="Most stop sequences in one request (OpenAI allows 4). vLLM checks each "
+        "against every generated token, on the event loop.",
+    )
+    max_stop_length: int = Field(
+        default=1024, ge=1, description="Longest stop sequence accepted, in characters."
+    )
     request_body_timeout: float = Field(
         default=30.0, gt=0, description="Seconds the request body may take to arrive (408)."
     )

@@ -42,6 +42,8 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_prompts=settings.max_prompts,
         max_n=settings.max_n,
         max_tokens=settings.max_tokens_limit,
+        max_stop_sequences=settings.max_stop_sequences,
+        max_stop_length=settings.max_stop_length,
     )
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
 import pytest
 from openai import OpenAI
+
+from tests.integration.server import GatewayProcess
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
@@ -180,3 +184,121 @@ def test_too_many_messages_or_choices_are_400s(base_url: str, model: str) -> Non
     assert assert_error(chat(base_url, many), 400)["param"] == "messages"
     wide = {"model": model, "messages": [{"role": "user", "content": "x"}], "n": 17}
     assert assert_error(chat(base_url, wide), 400)["param"] == "n"
+
+
+def post_raw(base_url: str, path: str, raw: str) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}{path}",
+        content=raw.encode(),
+        headers={"content-type": "application/json", "cache-control": "no-cache"},
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", '"messages": [{"role": "user", "content": "a\\ud800"}]',
+         "messages.0.content"),
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]',
+         "messages.0.content.0.text"),
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi", "name": "\\ud800"}]', "messages.0.name"),
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]', "stop.0"),
+        ("/v1/chat/completions",
+         '"messages": [{"role": "user", "content": "hi"}], "user": "\\udbff"', "user"),
+        ("/v1/completions", '"prompt": "\\ud800"', "prompt"),
+        ("/v1/completions", '"prompt": ["ok", "\\udc00"]', "prompt.1"),
+    ],
+)  # fmt: skip
+def test_lone_surrogates_are_400s_naming_the_field(
+    base_url: str, model: str, path: str, body: str, param: str
+) -> None:
+    raw = f'{{"model": "{model}", "max_tokens": 2, {body}}}'
+    error = assert_error(post_raw(base_url, path, raw), 400)
+    assert error["param"] == param
+    assert "surrogate" in error["message"]
+
+
+def test_a_lone_surrogate_in_the_model_name_is_a_400(base_url: str) -> None:
+    raw = '{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}'
+    assert assert_error(post_raw(base_url, "/v1/chat/completions", raw), 400)["param"] == "model"
+
+
+def test_surrogate_pairs_are_text(base_url: str, model: str) -> None:
+    raw = (
+        f'{{"model": "{model}", "max_tokens": 2, '
+        '"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "stop": ["\\ud83d\\ude00"]}'
+    )
+    assert post_raw(base_url, "/v1/chat/completions", raw).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_k": 2**64}, "top_k"),  # was a 500: the engine's transport stores 64 bits
+        ({"top_k": 10**30}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"min_tokens": 2**63}, "min_tokens"),
+        ({"seed": 2**63}, "seed"),
+        ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ({"stop": [f"s{i}" for i in range(65)]}, "stop"),
+        ({"stop": "x" * 1025}, "stop"),
+    ],
+)
+def test_values_the_engine_cannot_take_are_400s_naming_the_parameter(
+    base_url: str, model: str, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert assert_error(chat(base_url, {**body, **extra}), 400)["param"] == param
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"top_k": 2**31 - 1},  # above the vocabulary: vLLM lowers it to the vocabulary
+        {"seed": 2**63 - 1},
+        {"seed": -(2**63)},
+        {"min_tokens": 2, "max_tokens": 2},
+        {"logprobs": True, "top_logprobs": 20},
+        {"presence_penalty": 2, "frequency_penalty": -2, "repetition_penalty": 10},
+        {"temperature": 2, "top_p": 1e-300, "min_p": 1},
+        {"stop": ["x" * 1024] * 64, "n": 4},
+    ],
+)
+def test_the_extreme_values_accepted_run_on_the_engine(
+    base_url: str, model: str, extra: dict[str, Any]
+) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = chat(base_url, {**body, **extra}, headers={"cache-control": "no-cache"})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_two_hundred_thousand_stop_strings_are_refused_at_once(base_url: str, model: str) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stop": [f"stop-{i}" for i in range(200_000)],
+        "n": 4,
+        "max_tokens": 64,
+    }
+    started = time.perf_counter()
+    error = assert_error(chat(base_url, body), 400)
+    assert error["param"] == "stop"
+    assert time.perf_counter() - started < 5
+
+
+def test_a_path_cannot_forge_a_log_line(gateway: GatewayProcess) -> None:
+    forged = "2026-01-01 00:00:00,000 INFO sluicegate.access: GET /forged status=200"
+    path = "/v1/nope%0A" + quote(forged) + "%1B[31m%7F"
+    assert_error(httpx.get(gateway.url + path), 404)
+    deadline = time.monotonic() + 5
+    while "GET /v1/nope\\n2026" not in gateway.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = gateway.log()
+    assert "GET /v1/nope\\n2026-01-01 00:00:00,000 INFO" in log
+    assert "\\x1b[31m\\x7f" in log
+    assert not [line for line in log.splitlines() if line.startswith(forged)]

@@ -1,7 +1,8 @@
 """Hypothesis-generated hostile bodies against the real gateway and engine.
 
-Huge strings, deep nesting, wrong types, invalid UTF-8, NaN and Infinity, negative and absurd
-numbers, unknown fields, empty messages. Every answer is below 500 and in OpenAI's error
+Huge strings, deep nesting, wrong types, invalid UTF-8, lone UTF-16 surrogates, NaN and
+Infinity, negative and absurd numbers (past int32 and int64), too many or too long stop
+strings, unknown fields, empty messages. Every answer is below 500 and in OpenAI's error
 shape when it is an error; the server stays healthy. (Bodies that happen to be valid carry a
 small max_tokens, so none generates for long.)
 """
@@ -41,14 +42,33 @@ max_tokens = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=5),
 )
-numbers = st.one_of(max_tokens, st.none())
+# Where the engine's integer types end (int32 for top_k, int64 and uint64 for the rest).
+edge_integers = st.sampled_from(
+    [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30]
+)
+numbers = st.one_of(max_tokens, edge_integers, st.none())
 huge_text = st.builds(lambda n, c: c * n, st.integers(0, 300_000), st.sampled_from("aé字\x00 "))
+# Half of a UTF-16 pair: json.dumps writes it as a `\ud800`-style escape.
+lone_surrogates = st.builds(
+    lambda a, s, b: a + s + b,
+    st.text(max_size=5),
+    st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff"]),
+    st.text(max_size=5),
+)
+texts = st.one_of(st.text(max_size=200), lone_surrogates)
+stops = st.one_of(
+    json_values,
+    lone_surrogates,
+    st.lists(texts, max_size=8),
+    st.integers(1, 200_000).map(lambda k: [f"s{i}" for i in range(k)]),
+    st.integers(1, 5000).map(lambda k: "x" * k),
+)
 content = st.one_of(
-    st.text(max_size=200),
+    texts,
     huge_text,
     st.lists(
         st.fixed_dictionaries(
-            {"type": st.sampled_from(["text", "image_url", ""]), "text": json_values}
+            {"type": st.sampled_from(["text", "image_url", ""]), "text": json_values | texts}
         ),
         max_size=3,
     ),
@@ -56,30 +76,44 @@ content = st.one_of(
 )
 message = st.fixed_dictionaries(
     {"role": st.one_of(st.sampled_from(["user", "system", "assistant", "tool", ""]), scalars)},
-    optional={"content": content, "name": json_values},
+    optional={"content": content, "name": json_values | lone_surrogates},
 )
 chat_body = st.fixed_dictionaries(
     {
-        "model": st.one_of(st.just(MODEL_NAME), scalars),
+        "model": st.one_of(st.just(MODEL_NAME), scalars, lone_surrogates),
         "messages": st.one_of(st.lists(message, max_size=4), json_values),
         "max_tokens": max_tokens,
     },
     optional={
         "temperature": numbers, "top_p": numbers, "top_k": numbers, "n": numbers,
-        "stop": json_values, "seed": numbers, "logprobs": json_values,
+        "stop": stops, "seed": numbers, "logprobs": json_values,
         "top_logprobs": numbers, "stream": st.booleans(), "presence_penalty": numbers,
-        "unknown_field": json_values, "stream_options": json_values,
+        "unknown_field": json_values, "stream_options": json_values, "min_tokens": numbers,
+        "user": json_values | lone_surrogates,
     },
 )  # fmt: skip
 completion_body = st.fixed_dictionaries(
     {
         "model": st.just(MODEL_NAME),
         "prompt": st.one_of(
-            json_values, huge_text, st.lists(st.integers(-(10**9), 10**9), max_size=5)
+            json_values,
+            huge_text,
+            lone_surrogates,
+            st.lists(texts, min_size=1, max_size=4),
+            st.lists(st.integers(-(10**9), 10**9), max_size=5),
+            st.lists(edge_integers, min_size=1, max_size=3),
         ),
         "max_tokens": max_tokens,
     },
-    optional={"logprobs": numbers, "echo": json_values, "n": numbers},
+    optional={
+        "logprobs": numbers,
+        "echo": json_values,
+        "n": numbers,
+        "top_k": numbers,
+        "seed": numbers,
+        "min_tokens": numbers,
+        "stop": stops,
+    },
 )
 
 

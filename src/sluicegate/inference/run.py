@@ -45,3 +45,7 @@ class RequestLimits:
     max_prompts: int = 64
     max_n: int = 16
     max_tokens: int | None = None
+    # vLLM checks every stop string against each new token's text on the event loop, so their
+    # number and length bound the work one request puts on every other.
+    max_stop_sequences: int = 64
+    max_stop_length: int = 1024

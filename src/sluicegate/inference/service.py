@@ -123,6 +123,20 @@ class CompletionService:
             raise InvalidRequestError(
                 f"max_tokens must be at most {limits.max_tokens}.", param="max_tokens"
             )
+        if requested is not None and request.min_tokens > requested:
+            raise InvalidRequestError(
+                f"min_tokens must be at most max_tokens ({requested}).", param="min_tokens"
+            )
+        stop = request.stop_list()
+        if len(stop) > limits.max_stop_sequences:
+            raise InvalidRequestError(
+                f"At most {limits.max_stop_sequences} stop sequences are accepted.", param="stop"
+            )
+        if any(len(s) > limits.max_stop_length for s in stop):
+            raise InvalidRequestError(
+                f"Stop sequences must be at most {limits.max_stop_length} characters long.",
+                param="stop",
+            )
         if request.n > 1 and (_or(request.temperature, 1.0) == 0 or request.top_k == 1):
             raise InvalidRequestError(
                 "n must be 1 with greedy sampling (temperature 0 or top_k 1): "

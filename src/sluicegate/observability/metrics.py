@@ -7,9 +7,14 @@ API keys appear only as their public id).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sluicegate.errors import EngineUnavailableError, GatewayError
+from sluicegate.observability import logs
 
 ENGINE_UNAVAILABLE = Counter(
     "sluicegate_engine_unavailable_total",
@@ -147,6 +152,23 @@ BUDGET_CLAMPED_MAX_TOKENS = Counter(
     "sluicegate_budget_clamped_max_tokens_total",
     "Requests whose max_tokens was lowered to what the context window leaves.",
 )
+
+
+# ---- logs ----------------------------------------------------------------------------------
+class _LogRecordsDropped(Collector):
+    """Read at scrape time from `observability.logs`, which must not import prometheus_client:
+    `settings` imports it, and loading the settings loads no metrics library."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "sluicegate_log_records_dropped",
+            "Log records dropped because the log buffer was full (the writer fell behind a slow "
+            "or blocked stderr).",
+            value=logs.dropped_records(),
+        )
+
+
+REGISTRY.register(_LogRecordsDropped())
 
 
 def count_error(exc: GatewayError) -> None:

@@ -1,25 +1,30 @@
 """OpenAI request models, validated with pydantic.
 
 Requests are parsed strictly enough that every bad value becomes a 400 naming its parameter:
-NaN and Infinity are refused, numbers are range-checked, and parameters we do not implement
-are refused when set rather than silently ignored. Unknown extra fields are ignored, as
-OpenAI's API and vLLM's server do.
+NaN and Infinity are refused, numbers are range-checked (never beyond what the engine stores:
+int32 for `top_k`, int64 elsewhere), text with a lone UTF-16 surrogate (`"\\ud800"` in JSON) is
+refused, and parameters we do not implement are refused when set rather than silently ignored.
+Unknown extra fields are ignored, as OpenAI's API and vLLM's server do.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
@@ -31,6 +36,52 @@ Overflow = Literal["clamp", "error"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
+
+
+# JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
+# code point, so any surrogate left in a parsed string is a lone one. Such text cannot be
+# encoded: the tokenizer, the cache and every JSON answer that echoes it would fail.
+LONE_SURROGATE = (
+    "text is not valid Unicode: it holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+    "escape)"
+)
+Loc = tuple[str | int, ...]
+
+
+def _lone_surrogate(text: str) -> bool:
+    """C-speed: `isascii` is O(1) in CPython; other text is encoded once (a few ms per MB)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # UTF-8 encodes every code point but surrogates
+        return True
+    return False
+
+
+def _check_texts(texts: list[str], where: Callable[[int], Loc] = lambda i: (i,)) -> None:
+    """Refuse the first of `texts` holding a lone surrogate, at `where(index)`: its location
+    relative to the field being validated, so that the error's `param` names it (`stop.1`).
+
+    The texts are checked as one joined string; only a refused request is walked again."""
+    if not _lone_surrogate("".join(texts)):
+        return
+    index = next(i for i, text in enumerate(texts) if _lone_surrogate(text))
+    _refuse(where(index), texts[index])
+
+
+def _refuse(loc: Loc, text: str) -> NoReturn:
+    error = PydanticCustomError("invalid_unicode", LONE_SURROGATE)
+    raise ValidationError.from_exception_data(
+        "text", [InitErrorDetails(type=error, loc=loc, input=text)]
+    )
+
+
+def _check_field(value: str | list[str]) -> None:
+    if isinstance(value, str):
+        _check_texts([value], lambda _: ())
+    else:
+        _check_texts(value)
 
 
 class TextPart(_Model):
@@ -48,6 +99,19 @@ class ChatMessage(_Model):
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
         return self
+
+    def refused_texts(self, index: int) -> list[tuple[Loc, str]]:
+        """The message's texts holding a lone surrogate, located as in a request where it is
+        `messages[index]`."""
+        content = self.content
+        located: list[tuple[Loc, str]] = []
+        if isinstance(content, str):
+            located.append(((index, "content"), content))
+        elif content is not None:
+            located += [((index, "content", j, "text"), p.text) for j, p in enumerate(content)]
+        if self.name is not None:
+            located.append(((index, "name"), self.name))
+        return [(loc, text) for loc, text in located if _lone_surrogate(text)]
 
     def text(self) -> str:
         if self.content is None:
@@ -70,7 +134,8 @@ class SamplingRequest(_Model):
     max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    # vLLM keeps top_k in an int32 tensor (and lowers any value above the vocabulary to it).
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
@@ -83,7 +148,7 @@ class SamplingRequest(_Model):
     stream_options: StreamOptions | None = None
     # vLLM extensions, kept because vLLM's benchmark and clients send them.
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)
     logit_bias: dict[str, float] | None = None
     # sluicegate extension: fit a prompt that leaves too little room (see inference/budget.py).
     # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).
@@ -94,6 +159,15 @@ class SamplingRequest(_Model):
     def _stop_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
+        if value is not None:
+            _check_field(value)
+        return value
+
+    @field_validator("model", "user")
+    @classmethod
+    def _is_unicode(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_field(value)
         return value
 
     @field_validator("logit_bias")
@@ -146,6 +220,24 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
 
     _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_are_unicode(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        # One check over the whole conversation (a validator per message would cost more than
+        # the check); only a refused one is walked again to say where.
+        texts: list[str] = []
+        for message in value:
+            content = message.content
+            if isinstance(content, str):
+                texts.append(content)
+            elif content is not None:
+                texts += [part.text for part in content]
+            if message.name is not None:
+                texts.append(message.name)
+        if _lone_surrogate("".join(texts)):
+            _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
+        return value
 
     @field_validator("response_format")
     @classmethod
@@ -200,6 +292,8 @@ class CompletionRequest(SamplingRequest):
     def _prompt_not_empty(cls, value: Prompt) -> Prompt:
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
+        if isinstance(value, str) or isinstance(value[0], str):  # texts are never mixed with ids
+            _check_field(value)
         return value
 
     def logprobs_k(self) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Iterator
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
+from starlette.types import Message, Receive, Scope, Send
 
+from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.keys import ApiKeyError, ApiKeyring, key_id
 from sluicegate.settings import Settings, describe_error
 from tests.fakes import FAKE_MODEL, fake_app
@@ -98,12 +101,73 @@ def test_without_keys_everything_is_open() -> None:
 def test_keys_from_a_file_with_comments(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     digest = hashlib.sha256(b"k2").hexdigest()
-    path.write_text(f"# team a\nk1\n\nsha256:{digest}  # team b\n")
+    path.write_text(f"# team a\nk1\n\n  # team b\nsha256:{digest}\nk#3\n")
     ring = ApiKeyring.parse(f"@{path}")
     assert ring.identify("k1") == key_id(hashlib.sha256(b"k1").digest())
     assert ring.identify("k2") == "key-" + digest[:12]
+    assert ring.identify("k#3") == key_id(hashlib.sha256(b"k#3").digest())
+    assert ring.identify("k") is None
     assert ring.identify("k3") is None
     assert ring.identify("") is None
+    assert len(ring.digests) == 3
+
+
+def test_a_hash_sign_inside_a_line_is_part_of_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("sk-a#b\n\t# only a comment\n")
+    ring = ApiKeyring.parse(f"@{path}")
+    assert ring.identify("sk-a#b") is not None
+    assert ring.identify("sk-a") is None
+    assert ring.identify("# only a comment") is None
+
+
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+
+
+def test_an_empty_bearer_token_never_matches_whatever_the_keyring_holds() -> None:
+    ring = ApiKeyring((hashlib.sha256(b"").digest(),))  # as if parsing had let it through
+    assert ring.identify("") is None
+    app = ApiKeyMiddleware(_never_called, ring, frozenset())
+    for headers in ([], [(b"authorization", b"Bearer ")], [(b"authorization", b"Bearer   ")]):
+        assert _status(app, headers) == 401
+
+
+@pytest.mark.parametrize(
+    "value",
+    [f"sha256:{EMPTY_DIGEST}", f"sk-fine,sha256:{EMPTY_DIGEST.upper()}"],
+)
+def test_the_digest_of_the_empty_string_is_refused_at_start_up(value: str) -> None:
+    with pytest.raises(ApiKeyError, match="empty"):
+        ApiKeyring.parse(value)
+    with pytest.raises(ValidationError) as caught:
+        Settings(api_keys=value, _env_file=None)  # type: ignore[call-arg]
+    message = describe_error(caught.value)
+    assert message.startswith("invalid setting SLUICEGATE_API_KEYS:") and "empty" in message
+
+
+def test_the_empty_digest_is_refused_in_a_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"sk-fine\nsha256:{EMPTY_DIGEST}\n")
+    with pytest.raises(ApiKeyError, match="empty"):
+        ApiKeyring.parse(f"@{path}")
+
+
+async def _never_called(scope: Scope, receive: Receive, send: Send) -> None:
+    raise AssertionError("the request got past the key guard")
+
+
+def _status(app: ApiKeyMiddleware, headers: list[tuple[bytes, bytes]]) -> int:
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/v1/models", "method": "GET", "headers": headers}
+    asyncio.run(app(scope, receive, send))
+    return int(sent[0]["status"])
 
 
 @pytest.mark.parametrize("value", ["", " , ", "sha256:1234", "@/no/such/file"])

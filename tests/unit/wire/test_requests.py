@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -85,3 +88,82 @@ def test_validation_param_drops_type_parts() -> None:
         == "messages.0.content.0.type"
     )
     assert validation_param(("body",)) == ""
+
+
+def first_error(model: type[ChatCompletionRequest | CompletionRequest], raw: str) -> dict[str, Any]:
+    """The error the API renders for `raw` (JSON), parsed the way FastAPI parses bodies."""
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(json.loads(raw))
+    error = dict(caught.value.errors()[0])
+    error["param"] = validation_param(("body", *error["loc"]))
+    return error
+
+
+CHAT_START = '{"model": "m", "messages": [{"role": "user", '
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (CHAT_START + '"content": "a\\ud800b"}]}', "messages.0.content"),
+        (CHAT_START + '"content": "\\udfff"}]}', "messages.0.content"),
+        (CHAT_START + '"content": [{"type": "text", "text": "ok"}, '
+         '{"type": "text", "text": "\\ud83d"}]}]}', "messages.0.content.1.text"),
+        (CHAT_START + '"content": "hi", "name": "\\ud800"}]}', "messages.0.name"),
+        (CHAT_START + '"content": "hi"}], "stop": "\\ud800"}', "stop"),
+        (CHAT_START + '"content": "hi"}], "stop": ["ok", "x\\udc00"]}', "stop.1"),
+        (CHAT_START + '"content": "hi"}], "user": "\\ud800"}', "user"),
+        ('{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    ],
+)  # fmt: skip
+def test_lone_surrogates_in_chat_text_are_refused_naming_the_field(raw: str, param: str) -> None:
+    error = first_error(ChatCompletionRequest, raw)
+    assert error["param"] == param
+    assert "surrogate" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ('{"model": "m", "prompt": "\\ud800"}', "prompt"),
+        ('{"model": "m", "prompt": ["fine", "\\udbff tail"]}', "prompt.1"),
+        ('{"model": "m", "prompt": "x", "stop": ["\\ud800"]}', "stop.0"),
+    ],
+)
+def test_lone_surrogates_in_prompts_are_refused(raw: str, param: str) -> None:
+    error = first_error(CompletionRequest, raw)
+    assert error["param"] == param
+    assert "surrogate" in error["msg"]
+
+
+def test_surrogate_pairs_and_other_unicode_are_text() -> None:
+    raw = CHAT_START + '"content": "\\ud83d\\ude00 caf\\u00e9 \\u5b57", "name": "\\u00e9"}]}'
+    request = ChatCompletionRequest.model_validate(json.loads(raw))
+    assert request.messages[0].text() == "\N{GRINNING FACE} café 字"
+    prompt = CompletionRequest.model_validate({"model": "m", "prompt": ["é", "\N{GRINNING FACE}"]})
+    assert prompt.prompts() == ["é", "\N{GRINNING FACE}"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_k": 2**31}, "top_k"),
+        ({"top_k": 2**64}, "top_k"),
+        ({"top_k": 10**30}, "top_k"),
+        ({"min_tokens": 2**63}, "min_tokens"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"max_completion_tokens": 2**63}, "max_completion_tokens"),
+    ],
+)
+def test_integers_beyond_what_the_engine_stores_are_refused(
+    extra: dict[str, object], param: str
+) -> None:
+    error = first_error(ChatCompletionRequest, json.dumps({**BASE, **extra}))
+    assert error["param"] == param
+
+
+def test_the_largest_accepted_integers_validate() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {**BASE, "top_k": 2**31 - 1, "seed": -(2**63), "min_tokens": 2**63 - 1}
+    )
+    assert (request.top_k, request.seed, request.min_tokens) == (2**31 - 1, -(2**63), 2**63 - 1)
