@@ -3,6 +3,7 @@
 #
 #   docker build -t sluicegate:gpu .
 #   docker run --gpus all --init --stop-timeout 45 -p 8000:8000 \
+#       --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
 #       -v sluicegate-models:/models sluicegate:gpu
 #
 # Build args: VLLM_VERSION (the vllm wheel from PyPI), CUDA_IMAGE (the runtime base; keep its
@@ -57,11 +58,16 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/slu
     && chown 10001:10001 /models
 
 # /models holds the converted bundled model and the Hugging Face cache of hub models.
+# Caches (vLLM, Triton, XDG) go to /tmp, so the container can run with a read-only root
+# filesystem and a tmpfs on /tmp (see docker-compose.yml).
 ENV PATH=/opt/sluicegate/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     VLLM_NO_USAGE_STATS=1 \
     HF_HOME=/models/huggingface \
     SLUICEGATE_MODEL_CACHE_DIR=/models/sluicegate \
+    XDG_CACHE_HOME=/tmp/.cache \
+    XDG_CONFIG_HOME=/tmp/.config \
+    TRITON_HOME=/tmp \
     SLUICEGATE_HOST=0.0.0.0 \
     SLUICEGATE_PORT=8000
 VOLUME ["/models"]

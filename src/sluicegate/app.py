@@ -72,6 +72,10 @@ def create_app(
             started = time.monotonic()
             engine = await engine_factory(settings)
             stack.push_async_callback(engine.shutdown)
+            if settings.exit_on_engine_death:
+                # Stopped before the engine shuts down, which it would take for a death.
+                watcher = asyncio.create_task(lifecycle.watch_engine(engine.check_health))
+                stack.callback(watcher.cancel)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
@@ -144,16 +148,17 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
             )
         )
     stack += [
+        # The body is read whole before admission, so a slow upload holds no slot.
+        Middleware(
+            BodyLimitMiddleware,
+            max_bytes=settings.max_request_bytes,
+            read_timeout=settings.request_body_timeout,
+        ),
         Middleware(
             AdmissionMiddleware,
             lifecycle=lifecycle,
             max_in_flight=settings.max_in_flight,
             max_in_flight_per_key=settings.max_in_flight_per_key,
-        ),
-        Middleware(
-            BodyLimitMiddleware,
-            max_bytes=settings.max_request_bytes,
-            read_timeout=settings.request_body_timeout,
         ),
         # Innermost: a cache hit is answered here, after every check above.
         Middleware(CacheHitMiddleware),

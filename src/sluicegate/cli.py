@@ -88,8 +88,7 @@ def _serve(overrides: dict[str, Any]) -> int:
     except ModelError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
 def _prepare(args: dict[str, Any]) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from sluicegate.app import create_app
+from sluicegate.http.connection import guarded_protocol
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
 
@@ -20,8 +23,9 @@ class DrainingServer(uvicorn.Server):
     On the first SIGTERM (or Ctrl+C) the server keeps listening: `/ready` turns 503 and new
     inference requests get a 503 `shutting_down`, so load balancers move away, while the
     requests in flight finish. When none is left, or `shutdown_timeout` has passed, uvicorn
-    shuts down: what is still running is cancelled, which aborts it in the engine. The
-    process then exits 0. A second signal skips the rest of the drain.
+    shuts down: what is still running is cancelled, which aborts it in the engine. A second
+    signal skips the rest of the drain. The engine's death starts the same drain (see
+    `Lifecycle.watch_engine`).
     """
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle):
@@ -41,24 +45,61 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, then drain in-flight requests for `shutdown_timeout`."""
+def serve(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM or the engine's death, then drain in-flight requests for
+    `shutdown_timeout`. The process's exit code: 0, or 3 after the engine died."""
+    if (warning := exposure_warning(settings)) is not None:
+        logger.warning(warning)
     lifecycle = Lifecycle(drain_timeout=settings.shutdown_timeout)
     app = create_app(settings, lifecycle=lifecycle)
-    config = uvicorn.Config(
+    DrainingServer(server_config(settings, app), lifecycle).run()
+    if lifecycle.exit_code:
+        logger.error("exiting with code %d: %s", lifecycle.exit_code, lifecycle.exit_reason)
+    return lifecycle.exit_code
+
+
+def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
+    """uvicorn's configuration: the connection limits are its own settings where it has
+    them, and `http.connection` where it has not."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(
+            head_timeout=settings.request_head_timeout,
+            write_timeout=settings.stream_stall_timeout,
+        ),
         lifespan="on",
         log_level=settings.log_level,
         # uvicorn's lines go through our handler, in `log_format`; the access log is ours.
         log_config=None,
         access_log=False,
+        limit_concurrency=settings.max_connections,
+        backlog=settings.backlog,
+        timeout_keep_alive=settings.keep_alive_timeout,
         # The drain already waited; this only bounds the close of what is left.
         timeout_graceful_shutdown=1,
         # One engine per process: several workers would each load the model.
         workers=1,
     )
-    DrainingServer(config, lifecycle).run()
+
+
+def exposure_warning(settings: Settings) -> str | None:
+    """A warning when the server is reachable from other machines and asks for no API key."""
+    if settings.api_keys is not None or _is_loopback(settings.host):
+        return None
+    return (
+        f"listening on {settings.host}:{settings.port}, reachable from other machines, with no "
+        "API keys: anyone who reaches this port can use the model. Set SLUICEGATE_API_KEYS, "
+        "or bind 127.0.0.1 (SLUICEGATE_HOST) behind a proxy that authenticates."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to any interface

@@ -83,6 +83,36 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds in-flight requests may take to finish after SIGTERM.",
     )
+    exit_on_engine_death: bool = Field(
+        default=True,
+        description="When the engine core dies, drain (new requests get 503) and exit with "
+        "code 3, so Docker, compose or Kubernetes restart the gateway. `false`: stay up and "
+        "answer 503 `engine_unavailable` until restarted by hand.",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Open connections (or requests) at which new requests get a plain-text "
+        "503 from the server (uvicorn's `limit_concurrency`). Keep it below the open-file "
+        "limit (`ulimit -n`).",
+    )
+    backlog: int = Field(
+        default=2048,
+        ge=1,
+        description="Connections the kernel queues before the server accepts them.",
+    )
+    keep_alive_timeout: int = Field(
+        default=5,
+        ge=1,
+        description="Seconds an idle kept-alive connection stays open.",
+    )
+    request_head_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a request's line and headers may take to arrive, from the "
+        "connection (or the first byte of a later request on it); then the connection is "
+        "closed, with a 408 if the head had begun.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level."
     )
@@ -214,7 +244,11 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="Seconds one request, streamed or not, may take (504)."
     )
     stream_stall_timeout: float = Field(
-        default=60.0, gt=0, description="Seconds a stream may go without an event before it ends."
+        default=60.0,
+        gt=0,
+        description="Seconds a stream may go without an event, or a write may stay blocked by "
+        "a client that reads nothing, before the stream ends (its engine work is aborted) and "
+        "such a connection is dropped.",
     )
 
     # --- token budget ----------------------------------------------------------------

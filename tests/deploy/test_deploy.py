@@ -362,11 +362,15 @@ def merge(base: Any, override: Any) -> Any:
     return override
 
 
-def load(*files: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+# The secrets compose refuses to start without (`${NAME:?...}`); test values stand in.
+SECRETS = {"REDIS_PASSWORD": "redis-test-secret", "GRAFANA_ADMIN_PASSWORD": "grafana-test-secret"}
+
+
+def load(*files: str, env: dict[str, str] | None = None, secrets: bool = True) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for file in files:
         document = merge(document, yaml.safe_load((ROOT / file).read_text()))
-    return dict(interpolate(document, env or {}))
+    return dict(interpolate(document, {**(SECRETS if secrets else {}), **(env or {})}))
 
 
 STACKS = {"cpu": (COMPOSE,), "gpu": (COMPOSE, GPU_OVERRIDE)}
@@ -474,7 +478,8 @@ def test_the_gateway_environment_names_real_settings(stack: str) -> None:
     unknown = {name for name in environment if name.startswith("SLUICEGATE_")} - settings
     assert not unknown, f"not settings: {unknown}"
     assert environment["SLUICEGATE_HOST"] == "0.0.0.0"
-    assert environment["SLUICEGATE_REDIS_URL"] == "redis://redis:6379/0"
+    redis_password = SECRETS["REDIS_PASSWORD"]
+    assert environment["SLUICEGATE_REDIS_URL"] == f"redis://:{redis_password}@redis:6379/0"
     assert environment["SLUICEGATE_API_KEYS"] is None, "a key must not be committed"
     assert str(environment["SLUICEGATE_PORT"]) == "8000"
     assert all(port.endswith(":8000") for port in gateway["ports"])
@@ -547,3 +552,63 @@ def test_monitoring_configuration_points_at_the_compose_services() -> None:
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     dashboard = ROOT / "deploy/grafana/dashboards" / Path(home).relative_to(GRAFANA_DASHBOARDS)
     assert json.loads(dashboard.read_text())["panels"]
+
+
+# --- safe defaults ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_compose_refuses_to_start_without_each_secret(secret: str) -> None:
+    env = {name: value for name, value in SECRETS.items() if name != secret}
+    with pytest.raises(AssertionError, match=f"compose needs {secret}"):
+        load(COMPOSE, env=env, secrets=False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_service_runs_without_capabilities_on_a_read_only_root(stack: str) -> None:
+    for name, service in load(*STACKS[stack])["services"].items():
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+        assert service.get("read_only") is True, name
+        tmpfs = [entry.split(":")[0] for entry in service.get("tmpfs", [])]
+        assert "/tmp" in tmpfs, f"{name}: a read-only root needs a writable /tmp"
+        # What a service keeps lives on a volume, not on the (read-only) root.
+        assert service.get("volumes") or name == "redis", name
+
+
+def test_what_the_services_write_is_on_volumes_or_tmpfs() -> None:
+    services = load(COMPOSE)["services"]
+    assert "models:/models" in services["gateway"]["volumes"]  # HF_HOME, hub models
+    assert "prometheus-data:/prometheus" in services["prometheus"]["volumes"]
+    assert "grafana-data:/var/lib/grafana" in services["grafana"]["volumes"]
+    # Grafana logs to its console only: its log folder is on the read-only root.
+    assert services["grafana"]["environment"]["GF_LOG_MODE"] == "console"
+    # The official Redis image drops root with su-exec, which needs the capabilities the
+    # stack drops: it starts as the redis user instead.
+    assert services["redis"]["user"] == "redis"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_images_keep_their_caches_off_the_read_only_root(dockerfile: str) -> None:
+    env = dict(final_stage(dockerfile))["ENV"]
+    for variable in ("XDG_CACHE_HOME=/tmp/", "XDG_CONFIG_HOME=/tmp/", "TRITON_HOME=/tmp"):
+        assert variable in env, f"{dockerfile}: {variable}"
+
+
+def test_redis_requires_a_password_that_the_gateway_and_health_check_carry() -> None:
+    services = load(COMPOSE)["services"]
+    password = SECRETS["REDIS_PASSWORD"]
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1] == password
+    # redis-cli reads REDISCLI_AUTH, so the health check authenticates without an argument.
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == password
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    url = services["gateway"]["environment"]["SLUICEGATE_REDIS_URL"]
+    assert url == f"redis://:{password}@redis:6379/0"
+
+
+def test_grafanas_admin_password_comes_from_the_environment() -> None:
+    raw = yaml.safe_load((ROOT / COMPOSE).read_text())["services"]["grafana"]["environment"]
+    assert raw["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    grafana = load(COMPOSE)["services"]["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "grafana-test-secret"

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.integration.server import MODEL_NAME, metric_value, start_gateway
+from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
+from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
 
 STREAM_BODY = {
     "model": MODEL_NAME,
@@ -22,14 +23,72 @@ STREAM_BODY = {
 }
 
 
-def test_engine_death_gives_503s_and_an_unready_gateway(tmp_path: Path) -> None:
-    gateway = start_gateway(tmp_path)
-    try:
-        children = psutil.Process(gateway.process.pid).children(recursive=True)
-        assert children, "the engine core runs in a child process"
-        for child in children:
-            child.kill()
+def kill_engine_core(gateway: GatewayProcess) -> None:
+    children = psutil.Process(gateway.process.pid).children(recursive=True)
+    assert children, "the engine core runs in a child process"
+    for child in children:
+        child.kill()
 
+
+def test_engine_death_answers_what_is_in_flight_with_503_then_exits_3(tmp_path: Path) -> None:
+    gateway = start_gateway(tmp_path)
+    url = f"{gateway.url}/v1/chat/completions"
+    long = {**STREAM_BODY, "max_tokens": 1500, "stream": False}
+    replies: dict[str, httpx.Response] = {}
+    events: list[str] = []
+
+    def plain() -> None:
+        replies["plain"] = httpx.post(url, json=long, timeout=120)
+
+    def stream() -> None:
+        with httpx.stream("POST", url, json={**long, "stream": True}, timeout=120) as response:
+            replies["stream"] = response
+            events.extend(
+                line.removeprefix("data: ")
+                for line in response.iter_lines()
+                if line.startswith("data: ")
+            )
+
+    clients = [threading.Thread(target=plain), threading.Thread(target=stream)]
+    try:
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 60
+        while metric_value(gateway.url, "vllm:num_requests_running") < 2:
+            assert time.monotonic() < deadline, "the two requests did not start"
+            time.sleep(0.1)
+        killed = time.monotonic()
+        kill_engine_core(gateway)
+        for client in clients:
+            client.join(60)
+            assert not client.is_alive()
+        # What was in flight ends with the engine's error, not a hang.
+        assert replies["plain"].status_code == 503
+        assert replies["plain"].json()["error"]["code"] == "engine_unavailable"
+        assert replies["stream"].status_code == 200
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "engine_unavailable"
+        # Then the process exits non-zero, so its supervisor restarts it.
+        assert gateway.process.wait(60) == ENGINE_DEATH_EXIT_CODE
+        print(f"engine core killed: gateway exited 3 after {time.monotonic() - killed:.1f} s")
+        log = gateway.log()
+        assert "the inference engine died" in log and "exiting with code 3" in log
+    finally:
+        gateway.stop()
+
+
+def test_with_exit_on_engine_death_off_the_gateway_stays_up_answering_503(
+    tmp_path: Path,
+) -> None:
+    # Bound to every interface with no API keys, as the images run by default.
+    gateway = start_gateway(
+        tmp_path, "--host", "0.0.0.0", env={"SLUICEGATE_EXIT_ON_ENGINE_DEATH": "false"}
+    )
+    try:
+        warning = [line for line in gateway.log().splitlines() if "reachable from" in line]
+        assert warning and "WARNING" in warning[0] and "SLUICEGATE_API_KEYS" in warning[0]
+
+        kill_engine_core(gateway)
         deadline = time.monotonic() + 30
         while httpx.get(f"{gateway.url}/ready", timeout=5).status_code != 503:
             assert time.monotonic() < deadline, "/ready still 200 after the engine died"
@@ -47,6 +106,9 @@ def test_engine_death_gives_503s_and_an_unready_gateway(tmp_path: Path) -> None:
         response = httpx.post(f"{gateway.url}/v1/completions", json=completion, timeout=10)
         assert response.status_code == 503
         assert metric_value(gateway.url, "sluicegate_engine_unavailable_total") == 3
+        time.sleep(3)  # well past the watcher's interval, were it running
+        assert gateway.process.poll() is None, "the gateway exited though told to stay up"
+        assert httpx.get(f"{gateway.url}/ready", timeout=5).status_code == 503
     finally:
         gateway.stop()
 

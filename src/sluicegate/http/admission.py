@@ -1,6 +1,7 @@
 """Admission control: a bound on inference requests in flight, overall and per API key.
 
-A request over the bound is refused at once, before its body is read: 503 `overloaded` when
+A slot is taken once the request's body has arrived (`http.body_limits` reads it first), so
+a slow upload holds none. A request over the bound is refused at once: 503 `overloaded` when
 the gateway is full, 503 `shutting_down` while it drains after SIGTERM, and 429
 `concurrency_limit_exceeded` when one key holds its share. All carry `Retry-After`.
 A slot is held until the response (or stream) has been sent, so the

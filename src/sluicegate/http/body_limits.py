@@ -1,21 +1,27 @@
 """Request-body limits, as pure-ASGI middleware: size and read time.
 
+The whole body is read here, before the middleware below runs, so admission counts only
+requests whose body has arrived: a slow upload holds no slot. The app below gets the body
+back from `receive` as one message (`http.asgi.replaying`), so nothing reads it twice.
+
 A body larger than `max_bytes` is refused with a 413 before it is read when the client
-declares its length, and as soon as the count passes the limit otherwise (chunked uploads).
-A body that does not finish arriving within `read_timeout` seconds gets a 408. Errors met
-while the body is read are raised from `receive` as `errors.ReceiveError`, which FastAPI lets
-through to its handlers untouched.
+declares its length, and as soon as the count passes the limit otherwise (chunked uploads):
+no more than `max_bytes` is ever held. A body that does not finish arriving within
+`read_timeout` seconds gets a 408. A client that leaves while sending its body is counted
+as a 499 and reaches no route.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sluicegate.errors import PayloadTooLargeError, RequestTimeoutError
-from sluicegate.http.asgi import header
-from sluicegate.http.errors import ReceiveError, send_error
+from sluicegate.errors import GatewayError, PayloadTooLargeError, RequestTimeoutError
+from sluicegate.http.asgi import header, replaying
+from sluicegate.http.errors import send_error
+from sluicegate.http.telemetry import CLIENT_CLOSED
 
 
 class BodyLimitMiddleware:
@@ -32,28 +38,36 @@ class BodyLimitMiddleware:
         if declared is not None and declared > self.max_bytes:
             await send_error(send, PayloadTooLargeError(self._too_large_message()))
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.read_timeout
+        try:
+            body = await self._read(receive)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        if body is None:
+            # The client left: nobody reads this, but the access log and metrics count it.
+            await Response(status_code=CLIENT_CLOSED)(scope, receive, send)
+            return
+        await self.app(scope, replaying(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body, or None if the client left before it was complete."""
+        chunks: list[bytes] = []
         received = 0
-        body_done = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, body_done
-            if body_done:
-                return await receive()
-            try:
-                async with asyncio.timeout_at(deadline):
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while True:
                     message = await receive()
-            except TimeoutError:
-                raise ReceiveError(RequestTimeoutError()) from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise ReceiveError(PayloadTooLargeError(self._too_large_message()))
-                body_done = not message.get("more_body", False)
-            return message
-
-        await self.app(scope, limited_receive, send)
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > self.max_bytes:
+                        raise PayloadTooLargeError(self._too_large_message())
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise RequestTimeoutError() from None
 
     def _too_large_message(self) -> str:
         return f"The request body is larger than the {self.max_bytes} bytes this server accepts."

@@ -2,8 +2,9 @@
 
 A request body whose shape `cache.fast_path` knows, and whose entry is in the store, is
 answered here from the entry, rendered by `wire.events.render_cached` as the route would.
-Everything before this middleware still applies (request id, telemetry, API key, admission,
-body limits); the rate limits are checked here. Anything else (an unknown body, a miss, a
+Everything before this middleware still applies (request id, telemetry, API key, body
+limits, admission); the rate limits are checked here. The body it reads is the one the body
+limits already read, handed on as one message. Anything else (an unknown body, a miss, a
 `no-cache` request, a store failure) goes on to the routes unchanged, with the body it read
 handed on and its fingerprint noted for the route's cache lookup (`body_fingerprint`).
 """

@@ -8,6 +8,11 @@
   generator and aborts the request in the engine.
 - An error raised after the first byte cannot change the status any more; it is sent as an
   OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`).
+- Every `send` is bounded like the wait for an event (`stall_timeout`, `deadline`): a client
+  that stops reading fills the socket buffers, and the server's `send` then blocks. The
+  stream ends as if stalled: the event source is closed first (the engine request is
+  aborted), then the error event gets `CLOSING_SEND_TIMEOUT` to go out, and if it cannot, the
+  response is left unfinished, which makes the server close the connection.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 from collections.abc import AsyncGenerator, Mapping
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from sluicegate.errors import DeadlineExceededError, GatewayError
 from sluicegate.http.disconnect import ClientDisconnected, until_disconnect
@@ -28,6 +33,13 @@ from sluicegate.wire.events import SSE_DONE, SSE_HEADERS
 logger = logging.getLogger(__name__)
 
 _STALLED = "The stream went past its time limit (request_timeout or stream_stall_timeout)."
+CLOSING_SEND_TIMEOUT = 1.0
+"""Seconds the last events may take to be written after a client stopped reading."""
+_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class SendStalled(Exception):
+    """A `send` did not complete in time: the client is not reading."""
 
 
 class EventStreamResponse(Response):
@@ -44,8 +56,8 @@ class EventStreamResponse(Response):
         stall_timeout: float | None = None,
     ):
         """`deadline` is an event-loop time by which the stream must end; `stall_timeout` the
-        longest wait for the next event. Either ends the stream with an error event, which
-        closes the source and aborts the engine request."""
+        longest wait for the next event, and for each send. Either ends the stream with an
+        error event, which closes the source and aborts the engine request."""
         # Like Starlette's StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
@@ -54,42 +66,77 @@ class EventStreamResponse(Response):
         self._first = first
         self._deadline = deadline
         self._stall_timeout = stall_timeout
+        self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         try:
-            await until_disconnect(receive, self._pump(send))
+            await until_disconnect(receive, self._stream(send))
         except ClientDisconnected:
             return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _pump(self, send: Send) -> None:
-        loop = asyncio.get_running_loop()
+    async def _stream(self, send: Send) -> None:
+        closing: float | None
+        try:
+            error = await self._pump(send)
+        except SendStalled:
+            if not self._started:
+                return  # the connection was stuck before this response began
+            error, closing = DeadlineExceededError(_STALLED), CLOSING_SEND_TIMEOUT
+        else:
+            closing = self._stall_timeout
+        # The event source is closed by now: a client that reads nothing holds no engine work,
+        # only this bounded wait for the last bytes.
+        try:
+            async with asyncio.timeout(closing):
+                if error is None:
+                    await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
+                else:
+                    await send_error_event(send, error)
+                await send(_END)
+        except TimeoutError:
+            logger.info("a stream's client stopped reading; dropping its connection")
+
+    async def _pump(self, send: Send) -> GatewayError | None:
+        """Send the events; the error that ended the stream early, or None at its end.
+        Raises `SendStalled` when the client stopped reading."""
         async with contextlib.aclosing(self._events) as events:
-            if self._first:
-                await send({"type": "http.response.body", "body": self._first, "more_body": True})
             try:
-                async with asyncio.timeout(None) as limit:
-                    while True:
-                        limit.reschedule(
-                            next_deadline(loop.time(), self._deadline, self._stall_timeout)
-                        )
-                        try:
+                start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                await self._send(send, start)
+                self._started = True
+                if self._first:
+                    await self._send(send, _event(self._first))
+                while True:
+                    try:
+                        async with asyncio.timeout_at(self._next_deadline()):
                             event = await anext(events)
-                        except StopAsyncIteration:
-                            break
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                    except StopAsyncIteration:
+                        return None
+                    await self._send(send, _event(event))
             except TimeoutError:
-                await send_error_event(send, DeadlineExceededError(_STALLED))
-                return
+                return DeadlineExceededError(_STALLED)
             except GatewayError as exc:
-                await send_error_event(send, exc)
-                return
+                return exc
+            except SendStalled:
+                raise
             except Exception:
                 logger.exception("stream failed after the first byte")
-                await send_error_event(send, GatewayError())
-                return
-        await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
+                return GatewayError()
+
+    async def _send(self, send: Send, message: Message) -> None:
+        try:
+            async with asyncio.timeout_at(self._next_deadline()):
+                await send(message)
+        except TimeoutError:
+            raise SendStalled() from None
+
+    def _next_deadline(self) -> float | None:
+        now = asyncio.get_running_loop().time()
+        return next_deadline(now, self._deadline, self._stall_timeout)
+
+
+def _event(body: bytes) -> Message:
+    return {"type": "http.response.body", "body": body, "more_body": True}
 
 
 def next_deadline(now: float, deadline: float | None, stall_timeout: float | None) -> float | None:

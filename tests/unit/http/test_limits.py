@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,7 +18,7 @@ from sluicegate.http.admission import AdmissionMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.lifecycle import Lifecycle
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 MODEL = FAKE_MODEL
 
@@ -182,6 +183,78 @@ async def test_while_draining_new_requests_get_503_and_in_flight_ones_finish() -
     gate.release.set()
     assert (await held)[0]["status"] == 200
     assert lifecycle.drained()
+
+
+def test_a_slow_body_holds_no_slot_until_it_has_arrived() -> None:
+    lifecycle = Lifecycle(drain_timeout=5)
+    app = fake_app(FakeEngine(), lifecycle=lifecycle, max_in_flight=1)
+    body = json.dumps(chat()).encode()
+    with serve_in_thread(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as slow:
+            slow.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body[:10])
+            )
+            time.sleep(0.2)
+            assert lifecycle.in_flight == 0
+            # The one slot is free for a request whose body has come.
+            assert httpx.post(f"{url}/v1/chat/completions", json=chat()).status_code == 200
+            slow.sendall(body[10:])
+            slow.settimeout(10)
+            assert b" 200 " in slow.recv(65536).split(b"\r\n", 1)[0]
+        deadline = time.monotonic() + 5
+        while lifecycle.in_flight:  # the slot is given back just after the last byte
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+
+async def test_a_client_that_leaves_mid_body_reaches_no_route() -> None:
+    reached: list[Scope] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(scope)
+
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"x": ', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    limits = BodyLimitMiddleware(app, max_bytes=100, read_timeout=5)
+    await limits({"type": "http", "headers": []}, receive, send)
+    assert reached == []
+    assert sent[0]["status"] == 499  # for the access log and metrics; nobody reads it
+
+
+async def test_the_app_below_gets_the_body_in_one_message() -> None:
+    bodies: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        bodies.append(await receive())
+
+    chunks: list[Message] = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+    ]
+
+    async def receive() -> Message:
+        return chunks.pop(0)
+
+    async def send(message: Message) -> None:
+        raise AssertionError(message)
+
+    await BodyLimitMiddleware(app, max_bytes=100, read_timeout=5)(
+        {"type": "http", "headers": []}, receive, send
+    )
+    assert bodies == [{"type": "http.request", "body": b"abcd", "more_body": False}]
 
 
 def test_drain_ends_when_its_time_is_up() -> None:

@@ -1,0 +1,114 @@
+"""Time limits on an HTTP/1.1 connection that uvicorn has no setting for.
+
+`guarded_protocol` makes a subclass of uvicorn's httptools protocol (passed as
+`uvicorn.Config(http=...)`) that closes a connection
+
+- whose request head (request line and headers) has not arrived within `head_timeout`
+  seconds, counted from the connection (for its first request) or from the first byte of a
+  later request. A head that had begun gets a 408; an idle new connection is just closed.
+  Without this, a client trickling header bytes (slowloris) holds a connection for ever;
+- whose writes stay blocked for `write_timeout` seconds because the client reads nothing.
+  The connection is aborted, dropping what is buffered for it, so a client that stops
+  reading holds neither memory nor a socket. The app sees the client gone.
+
+Idle kept-alive connections, body read time and the number of connections are bounded by
+uvicorn's own settings and `http.body_limits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from sluicegate.errors import RequestTimeoutError
+
+logger = logging.getLogger(__name__)
+
+
+def guarded_protocol(head_timeout: float, write_timeout: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, with these two limits."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"head_timeout": head_timeout, "write_timeout": write_timeout},
+    )
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    head_timeout: float = 10.0
+    write_timeout: float = 60.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_begun = False
+        self._write_timer: asyncio.TimerHandle | None = None
+
+    # ---- the request head ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._head_begun = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        logger.debug("closing a connection whose request head took over %s s", self.head_timeout)
+        # A 408 only where it cannot land in the middle of another response.
+        if self._head_begun and (self.cycle is None or self.cycle.response_complete):
+            error = RequestTimeoutError(
+                f"The request line and headers did not arrive within {self.head_timeout:g} s."
+            )
+            body = json.dumps(error.to_body()).encode()
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+        self.transport.close()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    # ---- a client that reads nothing ---------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        logger.info("dropping a connection whose client read nothing for %s s", self.write_timeout)
+        self.transport.abort()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        self._cancel_write_timer()
+        super().connection_lost(exc)

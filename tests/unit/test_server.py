@@ -1,0 +1,210 @@
+"""The server as `sluicegate serve` runs it (uvicorn, its limits, the connection guard, the
+drain), over the fake engine, on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
+from sluicegate.server import DrainingServer, exposure_warning, server_config
+from sluicegate.settings import Settings
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.integration.server import free_port
+
+
+@dataclass
+class Running:
+    port: int
+    engine: FakeEngine
+    lifecycle: Lifecycle
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def connect(self, receive_buffer: int | None = None) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.connect(("127.0.0.1", self.port))
+        return sock
+
+
+@contextlib.contextmanager
+def running(engine: FakeEngine | None = None, **settings: object) -> Iterator[Running]:
+    engine = engine or FakeEngine()
+    port = free_port()
+    config = Settings(served_model_name=FAKE_MODEL, port=port, _env_file=None, **settings)  # type: ignore[call-arg]
+    lifecycle = Lifecycle(drain_timeout=config.shutdown_timeout)
+    server = DrainingServer(
+        server_config(config, fake_app(engine, lifecycle=lifecycle, **settings)), lifecycle
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield Running(port, engine, lifecycle, thread)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when it closed."""
+    started = time.monotonic()
+    sock.settimeout(within)
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received, time.monotonic() - started
+
+
+CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+# ---- the request head ----------------------------------------------------------------------
+
+
+def test_a_request_head_that_trickles_in_gets_a_408_and_the_connection_closes() -> None:
+    with running(request_head_timeout=0.5) as server, server.connect() as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n")
+        opened = time.monotonic()
+        for _ in range(3):  # a byte now and then does not keep it open
+            time.sleep(0.1)
+            sock.sendall(b"x")
+        answer, _ = read_until_closed(sock, within=5)
+        closed_after = time.monotonic() - opened
+    assert 0.4 < closed_after < 1.5
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_a_connection_that_sends_nothing_is_closed_without_an_answer() -> None:
+    with running(request_head_timeout=0.5) as server, server.connect() as sock:
+        answer, closed_after = read_until_closed(sock, within=5)
+    assert answer == b""
+    assert closed_after < 1.5
+
+
+def test_the_head_limit_leaves_kept_alive_connections_and_slow_engines_alone() -> None:
+    engine = FakeEngine(step_delay=0.3)  # the answer takes longer than the head limit
+    with (
+        running(engine, request_head_timeout=0.5) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        for _ in range(2):
+            time.sleep(0.3)
+            response = client.post("/v1/chat/completions", json=CHAT)
+            assert response.status_code == 200
+
+
+# ---- connections and keep-alive ------------------------------------------------------------
+
+
+def test_connections_beyond_max_connections_get_a_503() -> None:
+    with running(max_connections=3, request_head_timeout=30) as server:
+        idle = [server.connect() for _ in range(2)]
+        with httpx.Client(base_url=server.url) as client:
+            assert client.get("/health").status_code == 503  # its own is the third
+        for sock in idle:
+            sock.close()
+        time.sleep(0.2)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_an_idle_kept_alive_connection_closes_after_keep_alive_timeout() -> None:
+    with running(keep_alive_timeout=1) as server, server.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+        answer, closed_after = read_until_closed(sock, within=5)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert 0.8 < closed_after < 2.5
+
+
+# ---- a client that stops reading -----------------------------------------------------------
+
+
+def test_a_stream_whose_client_stops_reading_is_dropped_and_its_work_aborted() -> None:
+    # 2 KB events without end: the socket buffers fill within a moment.
+    engine = FakeEngine(words=["x" * 2048] * 100_000, max_model_len=200_000)
+    with running(engine, stream_stall_timeout=0.5) as server:
+        sock = server.connect(receive_buffer=4096)
+        body = json.dumps({**CHAT, "stream": True, "max_tokens": 100_000}).encode()
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert b" 200 " in sock.recv(4096).split(b"\r\n", 1)[0]
+        stopped = time.monotonic()  # no more reading
+        while engine.active or server.lifecycle.in_flight:
+            assert time.monotonic() - stopped < 5, "the stalled stream still holds its slot"
+            time.sleep(0.05)
+        released = time.monotonic() - stopped
+        # Then the client finds its connection gone (after what was buffered for it).
+        _, _ = read_until_closed(sock, within=5)
+        sock.close()
+    print(f"stalled stream released after {released:.2f} s (stall timeout 0.5 s)")
+    assert released < 0.5 + 1.0 + 1.0
+
+
+# ---- engine death --------------------------------------------------------------------------
+
+
+def test_engine_death_drains_and_ends_the_server_with_exit_code_3() -> None:
+    with running() as server:
+        server.engine.healthy = False
+        server.thread.join(10)
+        assert not server.thread.is_alive(), "the server kept running on a dead engine"
+    assert server.lifecycle.exit_code == ENGINE_DEATH_EXIT_CODE
+    assert "engine died" in server.lifecycle.exit_reason
+
+
+def test_with_exit_on_engine_death_off_the_server_stays_up_unready() -> None:
+    with running(exit_on_engine_death=False) as server:
+        server.engine.healthy = False
+        time.sleep(2.5)
+        assert server.thread.is_alive()
+        response = httpx.get(f"{server.url}/ready")
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "engine_unavailable"
+    assert server.lifecycle.exit_code == 0
+
+
+# ---- safe defaults -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "warned"),
+    [
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("10.1.2.3", None, True),
+        ("gateway.internal", None, True),
+        ("0.0.0.0", "secret-key-1234567", False),
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+    ],
+)
+def test_a_reachable_address_without_api_keys_is_warned_about(
+    host: str, keys: str | None, warned: bool
+) -> None:
+    settings = Settings(host=host, api_keys=keys, _env_file=None)  # type: ignore[call-arg]
+    warning = exposure_warning(settings)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert host in warning and "SLUICEGATE_API_KEYS" in warning
