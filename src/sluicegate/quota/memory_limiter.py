@@ -48,11 +48,17 @@ class MemoryRateLimiter:
     async def reconcile(
         self, key_id: str, limit: RateLimit, tokens: int, local: bool = False
     ) -> None:
-        tpm = limit.tokens_per_minute
-        if tpm is None or tokens == 0:
+        self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
+
+    def charge(self, key_id: str, limit: RateLimit, tokens: int) -> None:
+        """Count one request and `tokens` tokens admitted elsewhere, unchecked."""
+        self._adjust((key_id, _REQUESTS), limit.requests_per_minute, 1)
+        self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
+
+    def _adjust(self, key: tuple[str, str], per_minute: int | None, cost: int) -> None:
+        if per_minute is None or cost == 0:
             return
-        key = (key_id, _TOKENS)
-        tat = gcra.adjusted(self._tats.get(key), self._clock(), tpm, tokens)
+        tat = gcra.adjusted(self._tats.get(key), self._clock(), per_minute, cost)
         if tat is None:
             self._tats.pop(key, None)
         else:

@@ -7,8 +7,10 @@ policy never takes them, and there are at most two per key id.
 
 When Redis is down, slower than `op_timeout` or answers garbage, the limits do not lift:
 this replica enforces `local_share` of each limit in its own memory (1/replicas keeps the
-fleet at about the limit), counted in `RATE_LIMIT_LOCAL_DECISIONS`. Redis is tried again
-every `retry_interval` seconds, and used again as soon as it answers.
+fleet at about the limit), counted in `RATE_LIMIT_LOCAL_DECISIONS`. The local state
+shadows what this replica admits through Redis all along, so a fallback goes on from this
+replica's recent use instead of granting a fresh burst. Redis is tried again every
+`retry_interval` seconds, and used again as soon as it answers.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ class RedisRateLimiter:
             self._failed(key_id, exc)
             return await self._acquire_locally(key_id, limit, tokens)
         self._answered()
+        if allowed:
+            self._local.charge(key_id, limit.scaled(self._share), max(0, tokens))
         req_debt, tok_debt, req_retry, tok_retry = (d / 1e6 for d in durations)
         return decide(limit, Window(bool(allowed), req_debt, tok_debt, req_retry, tok_retry))
 
@@ -164,8 +168,9 @@ class RedisRateLimiter:
         tpm = limit.tokens_per_minute
         if tpm is None or tokens == 0:
             return
+        # The shadow counted the reservation either way; Redis only when it admitted it.
+        await self._local.reconcile(key_id, limit.scaled(self._share), tokens)
         if local or self._skipping():
-            await self._reconcile_locally(key_id, limit, tokens, local)
             return
         try:
             await self._deadline.run(
@@ -173,7 +178,6 @@ class RedisRateLimiter:
             )
         except _FAILURES as exc:
             self._failed(key_id, exc)
-            await self._reconcile_locally(key_id, limit, tokens, local)
             return
         self._answered()
 
@@ -193,13 +197,6 @@ class RedisRateLimiter:
         return Decision(
             decision.allowed, decision.limit, decision.retry_after, decision.headers, local=True
         )
-
-    async def _reconcile_locally(
-        self, key_id: str, limit: RateLimit, tokens: int, local: bool
-    ) -> None:
-        # Tokens reserved in Redis are not given back here: this replica never counted them.
-        if local or tokens > 0:
-            await self._local.reconcile(key_id, limit.scaled(self._share), tokens)
 
     def _failed(self, key_id: str, exc: BaseException) -> None:
         RATE_LIMIT_STORE_ERRORS.inc()

@@ -58,3 +58,13 @@ async def test_the_priority_goes_to_vllm() -> None:
         steps = engine.generate("req", [1], options, arrival_time=1.0, priority=priority)
         assert [step.finished async for step in steps] == [True]
     assert llm.priorities == [0, 3]
+
+
+def test_vllm_takes_a_priority_per_request() -> None:
+    """The stand-in above mirrors vLLM's own signature: `AsyncLLM.generate(..., priority=)`."""
+    import inspect
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    parameter = inspect.signature(AsyncLLM.generate).parameters["priority"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default == 0

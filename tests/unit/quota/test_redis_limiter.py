@@ -204,8 +204,9 @@ async def test_a_frozen_redis_falls_back_and_comes_back(own_redis: RedisProcess)
         started = time.monotonic()
         frozen = [await limiter.acquire("key-a", limit, 0) for _ in range(20)]
         elapsed = time.monotonic() - started
-        # The share holds: 40 x 0.25 admitted, and no check waited longer than one timeout.
-        assert sum(d.allowed for d in frozen) == 10
+        # The share holds: 40 x 0.25, less the one this replica had just admitted through
+        # Redis (the local state shadows it); no check waited longer than one timeout.
+        assert sum(d.allowed for d in frozen) == 9
         assert all(d.local for d in frozen)
         assert elapsed < 1.5
         own_redis.thaw()
@@ -215,5 +216,24 @@ async def test_a_frozen_redis_falls_back_and_comes_back(own_redis: RedisProcess)
         # The count in Redis went on from where it was: one before, this one, and the checks
         # abandoned while Redis was frozen, which it ran once it woke.
         assert 35 <= int(back.headers["x-ratelimit-remaining-requests"]) <= 38
+    finally:
+        await client.aclose()
+
+
+async def test_the_local_share_goes_on_from_what_redis_admitted(own_redis: RedisProcess) -> None:
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    limiter = RedisRateLimiter(client, op_timeout=SLOW_OK, retry_interval=60)
+    limit = RateLimit(requests_per_minute=10, tokens_per_minute=100)
+    try:
+        for _ in range(3):
+            assert not (await limiter.acquire("key-a", limit, 30)).local
+        await limiter.reconcile("key-a", limit, -25)  # one request used 5 of its 30
+        own_redis.kill()
+        # Redis is gone: this replica has spent 3 of its 10 requests and 65 of its 100
+        # tokens, and goes on from there rather than from a fresh burst.
+        decision = await limiter.acquire("key-a", limit, 0)
+        assert decision.local
+        assert decision.headers["x-ratelimit-remaining-requests"] == "6"
+        assert decision.headers["x-ratelimit-remaining-tokens"] == "35"
     finally:
         await client.aclose()
