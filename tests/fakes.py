@@ -55,6 +55,7 @@ class FakeEngine:
     healthy: bool = True
     requests: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
 
@@ -65,9 +66,11 @@ class FakeEngine:
         options: SamplingOptions,
         *,
         arrival_time: float,
+        priority: int = 0,
     ) -> AsyncIterator[EngineStep]:
         self.requests.append((request_id, prompt_token_ids, options))
         self.arrivals.append(arrival_time)
+        self.priorities.append(priority)
         if self.fail_before_output is not None:
             raise self.fail_before_output
         self.active.add(request_id)

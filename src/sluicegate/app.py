@@ -65,7 +65,7 @@ def create_app(
             if client is not None:
                 stack.push_async_callback(client.aclose)
                 await wiring.greet_redis(client)
-            quotas = wiring.open_quotas(settings, client)
+            quotas = await wiring.open_quotas(settings, client)
             stack.push_async_callback(quotas.limiter.close)
             cache = await wiring.open_cache(settings, client)
             stack.push_async_callback(cache.close)

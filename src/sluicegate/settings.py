@@ -29,7 +29,7 @@ from sluicegate.observability.logs import LogFormat
 from sluicegate.wire.requests import MAX_N, Overflow, Truncation
 
 # Settings whose values must never be echoed, not even in an error message.
-SECRET_SETTINGS = frozenset({"api_keys", "redis_url"})
+SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url"})
 ENV_PREFIX = "SLUICEGATE_"
 
 
@@ -153,6 +153,24 @@ class Settings(BaseSettings):
     rate_limit_redis_timeout: float = Field(
         default=0.25, gt=0, description="Seconds a rate-limit check may wait for Redis."
     )
+    rate_limit_local_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="While Redis does not answer, the share of each rate limit this replica "
+        "enforces on its own (with N replicas, 1/N keeps the fleet near the limit).",
+    )
+    rate_limit_redis_url: SecretStr | None = Field(
+        default=None,
+        description="A Redis of their own for the rate limits, for when the cache's Redis "
+        "evicts with an allkeys-* policy. Unset: REDIS_URL.",
+    )
+    redis_max_connections: int = Field(
+        default=64,
+        ge=1,
+        description="Connections in each Redis pool; an operation waits (within its own "
+        "timeout) for a free one.",
+    )
     redis_key_prefix: str = Field(
         default="sluicegate",
         min_length=1,
@@ -223,6 +241,19 @@ class Settings(BaseSettings):
     max_messages: int = Field(default=2048, ge=1, description="Most messages in one chat request.")
     max_prompts: int = Field(default=64, ge=1, description="Most prompts in one completion.")
     max_n: int = Field(default=16, ge=1, le=MAX_N, description="Largest `n` accepted.")
+    max_sequences_per_request: int = Field(
+        default=64,
+        ge=1,
+        description="Most sequences (prompts × n) one request may start (400 naming `n` or "
+        "`prompt`).",
+    )
+    max_sequences_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sequences (prompts × n) one API key may have in flight before a 429 "
+        "`concurrency_limit_exceeded`. Unset: half of MAX_NUM_SEQS when API keys are "
+        "configured, no bound without them.",
+    )
     max_tokens_limit: int | None = Field(
         default=None,
         ge=1,
@@ -299,7 +330,9 @@ class Settings(BaseSettings):
     )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of prefixes.")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
-        default="fcfs", description="Engine queue order."
+        default="fcfs",
+        description="Engine queue order. `priority`: a request waits behind those of API keys "
+        "with fewer sequences in flight.",
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         default="auto", description="Weights and activations. `auto`: float32 on CPU."

@@ -27,6 +27,7 @@ from sluicegate.inference.run import RequestLimits
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
 from sluicegate.quota.quotas import Quotas
 from sluicegate.quota.redis_limiter import RedisRateLimiter
+from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
 
@@ -44,6 +45,7 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_tokens=settings.max_tokens_limit,
         max_stop_sequences=settings.max_stop_sequences,
         max_stop_length=settings.max_stop_length,
+        max_sequences=settings.max_sequences_per_request,
     )
 
 
@@ -96,6 +98,17 @@ def rate_limit_overrides(settings: Settings) -> dict[str, RateLimit]:
     }
 
 
+def sequence_share(settings: Settings) -> SequenceShare:
+    """Each API key's share of the engine's sequences: half of them unless set, and no
+    bound without API keys (every request is then the same anonymous key)."""
+    per_key = settings.max_sequences_per_key
+    if settings.api_keys is None:
+        per_key = None
+    elif per_key is None:
+        per_key = max(1, settings.max_num_seqs // 2)
+    return SequenceShare(per_key=per_key, prioritize=settings.scheduling_policy == "priority")
+
+
 def timeouts(settings: Settings) -> Timeouts:
     return Timeouts(request=settings.request_timeout, stream_stall=settings.stream_stall_timeout)
 
@@ -124,19 +137,33 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
 # ---- what the lifespan opens ---------------------------------------------------------------
 
 
+# A connection that does not come within this long is a failed operation (each user's own,
+# shorter timeout usually ends the wait first); so is a socket that stops answering.
+_REDIS_BACKSTOP_SECONDS = 1.0
+
+
 def open_redis(settings: Settings) -> redis.asyncio.Redis | None:
-    """One client (one connection pool) for everything the gateway keeps in Redis.
+    """One client (one bounded connection pool) for everything the gateway keeps in Redis."""
+    if settings.redis_url is None:
+        return None
+    return redis_client(settings.redis_url.get_secret_value(), settings.redis_max_connections)
+
+
+def redis_client(url: str, max_connections: int) -> redis.asyncio.Redis:
+    """A client over a pool of at most `max_connections`, where an operation waits for a
+    free connection rather than opening one more (BlockingConnectionPool).
 
     Each user bounds its own operations with a timeout; the socket timeout is a backstop.
     One retry lets a request ride over a connection that died with a Redis restart."""
-    if settings.redis_url is None:
-        return None
-    return redis.asyncio.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        socket_connect_timeout=1.0,
-        socket_timeout=1.0,
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=_REDIS_BACKSTOP_SECONDS,
+        socket_connect_timeout=_REDIS_BACKSTOP_SECONDS,
+        socket_timeout=_REDIS_BACKSTOP_SECONDS,
         retry=Retry(NoBackoff(), 1),
     )
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 async def greet_redis(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
@@ -154,18 +181,55 @@ async def greet_redis(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
         logger.info("redis at %s answers", where)
 
 
-def open_quotas(settings: Settings, client: redis.asyncio.Redis | None) -> Quotas:
-    """Rate limits in Redis when there is one (shared by replicas), else in this process."""
+async def open_quotas(settings: Settings, client: redis.asyncio.Redis | None) -> Quotas:
+    """Rate limits in Redis when there is one (shared by replicas), else in this process.
+
+    `RATE_LIMIT_REDIS_URL` gives them a Redis of their own (closed with the limiter);
+    either way, the Redis they use is checked for an eviction policy that could drop them."""
     limiter: RateLimiter
+    own = settings.rate_limit_redis_url
+    if own is not None:
+        client = redis_client(own.get_secret_value(), settings.redis_max_connections)
+        await greet_redis(client)
     if client is not None:
         limiter = RedisRateLimiter(
-            client, prefix=settings.redis_key_prefix, op_timeout=settings.rate_limit_redis_timeout
+            client,
+            prefix=settings.redis_key_prefix,
+            op_timeout=settings.rate_limit_redis_timeout,
+            local_share=settings.rate_limit_local_share,
+            owns_client=own is not None,
         )
+        await warn_if_evicting(client)
     else:
         limiter = MemoryRateLimiter()
     return Quotas(
-        limiter, default=default_rate_limit(settings), overrides=rate_limit_overrides(settings)
+        limiter,
+        default=default_rate_limit(settings),
+        overrides=rate_limit_overrides(settings),
+        share=sequence_share(settings),
     )
+
+
+async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
+    """Warn when Redis may evict the rate-limit keys: under an allkeys-* policy any key may
+    go, and a key's limit with it. Their keys have no TTL, so volatile-* policies keep them."""
+    try:
+        async with asyncio.timeout(wait):
+            policy = (await client.config_get("maxmemory-policy")).get("maxmemory-policy")
+    except (TimeoutError, OSError, RedisError) as exc:
+        # Managed Redis services often refuse CONFIG; not knowing is no reason to stop.
+        logger.info("could not read redis maxmemory-policy (%s)", exc)
+        return
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if isinstance(policy, str) and policy.startswith("allkeys-"):
+        logger.warning(
+            "redis maxmemory-policy is %s: under memory pressure it may evict rate-limit "
+            "keys, and lift those limits. Use volatile-lru (every cache key has a TTL, the "
+            "rate-limit keys have none), or give the rate limits a Redis of their own with "
+            "SLUICEGATE_RATE_LIMIT_REDIS_URL",
+            policy,
+        )
 
 
 async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseCache:

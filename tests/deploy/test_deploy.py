@@ -464,7 +464,8 @@ def test_redis_is_a_bounded_cache_without_persistence() -> None:
     command = redis["command"]
     options = dict(zip(command[1::2], command[2::2], strict=True))
     assert command[0] == "redis-server"
-    assert options["--maxmemory-policy"] in ("allkeys-lru", "allkeys-lfu")
+    # volatile-*: cache entries (all with a TTL) are evicted, rate-limit keys (none) are not.
+    assert options["--maxmemory-policy"] in ("volatile-lru", "volatile-lfu")
     assert options["--save"] == "" and options["--appendonly"] == "no"
     limit = byte_size(redis["deploy"]["resources"]["limits"]["memory"])
     assert byte_size(options["--maxmemory"]) < limit, "maxmemory must leave Redis headroom"

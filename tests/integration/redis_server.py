@@ -48,6 +48,15 @@ class RedisProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server holds every connection open and answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def pause(self, seconds: float) -> None:
         """Block the server for `seconds` (DEBUG SLEEP), without waiting for it here."""
         client = redis.Redis(port=self.port, socket_timeout=seconds + 5)

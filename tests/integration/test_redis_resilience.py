@@ -1,5 +1,6 @@
 """Gateways on a real Redis (their own server, so it can be killed): rate limits and the
-response cache through Redis faults under load, and both shared by two replicas."""
+response cache through Redis faults under load, both shared by two replicas, and each
+replica's share of the limits while Redis is down."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, s
 
 BUSY_KEY = "sk-busy-7c1e"  # limits far above what the test sends
 SHARED_KEY = "sk-shared-42d9"  # 60 requests per minute, across replicas
+LOCAL_KEY = "sk-local-9b3f"  # 20 requests per minute; half of it per replica without Redis
 RPM = 60
+LOCAL_RPM, LOCAL_SHARE = 20, 0.5
 BODY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 
@@ -48,9 +51,11 @@ def gateway_env(redis_url: str) -> dict[str, str]:
     overrides = {
         key_id(BUSY_KEY): {"requests_per_minute": 100_000},
         key_id(SHARED_KEY): {"requests_per_minute": RPM},
+        key_id(LOCAL_KEY): {"requests_per_minute": LOCAL_RPM},
     }
     return {
-        "SLUICEGATE_API_KEYS": f"{BUSY_KEY},{SHARED_KEY}",
+        "SLUICEGATE_API_KEYS": f"{BUSY_KEY},{SHARED_KEY},{LOCAL_KEY}",
+        "SLUICEGATE_RATE_LIMIT_LOCAL_SHARE": str(LOCAL_SHARE),
         "SLUICEGATE_REDIS_URL": redis_url,
         "SLUICEGATE_RATE_LIMIT_OVERRIDES": json.dumps(overrides),
         # Above the default 50 ms: a busy 2-core machine (two engines, fifty requests at
@@ -153,25 +158,79 @@ async def test_fifty_identical_requests_on_two_replicas_generate_once(
     assert len({json.dumps(r.json()["choices"]) for r in responses}) == 1
 
 
-def test_two_replicas_share_one_limit(replica_a: GatewayProcess, replica_b: GatewayProcess) -> None:
+async def test_two_replicas_share_one_limit(
+    replica_a: GatewayProcess, replica_b: GatewayProcess
+) -> None:
+    """GCRA: the whole minute's 60 at once, then one a second. At three a second the burst
+    lasts 30 s (90 admitted), then one in three is admitted: 100 in 40 s, and never more
+    than 60 + 60 * d / 60 in d seconds."""
     auth = {"authorization": f"Bearer {SHARED_KEY}"}
-    admitted = refused = 0
-    started = time.monotonic()
     replicas = [replica_a.url, replica_b.url]
-    sent = 0
-    # About three requests a second, alternating replicas, for a full minute.
-    while time.monotonic() - started < 60.0:
-        url = replicas[sent % 2]
-        response = httpx.post(f"{url}/v1/chat/completions", json=BODY, headers=auth, timeout=30)
-        sent += 1
-        if response.status_code == 200:
-            admitted += 1
-        else:
+    statuses: list[int] = []
+
+    async def send(client: httpx.AsyncClient, url: str) -> None:
+        response = await client.post(f"{url}/v1/chat/completions", json=BODY, headers=auth)
+        if response.status_code != 200:
             assert response.status_code == 429, response.text
             assert int(response.headers["retry-after"]) >= 1
-            refused += 1
-        time.sleep(max(0.0, started + sent / 3 - time.monotonic()))
-    print(f"sent {sent}, admitted {admitted}, refused {refused} in one minute")
-    assert admitted <= RPM + 1
-    assert admitted >= RPM - 5, "the limit was reachable"
+        statuses.append(response.status_code)
+
+    errors = "sluicegate_rate_limit_store_errors_total"
+    errors_before = sum(metric_value(url, errors) for url in replicas)
+    # Three requests a second, alternating replicas, sent on time however long each takes.
+    async with httpx.AsyncClient(timeout=60) as client:
+        started = time.monotonic()
+        sends = []
+        for sent in range(120):
+            await asyncio.sleep(max(0.0, started + sent / 3 - time.monotonic()))
+            sends.append(asyncio.create_task(send(client, replicas[sent % 2])))
+        await asyncio.gather(*sends)
+        elapsed = time.monotonic() - started
+    admitted, refused = statuses.count(200), statuses.count(429)
+    # Checks that Redis answered late were decided by a replica's share (`redis_limiter`).
+    late = sum(metric_value(url, errors) for url in replicas) - errors_before
+    print(
+        f"sent {len(statuses)}, admitted {admitted}, refused {refused} in {elapsed:.1f} s; "
+        f"{late:.0f} checks decided locally"
+    )
+    assert admitted <= RPM + int(RPM * elapsed / 60) + 1
+    assert admitted >= RPM + int(RPM * 30 / 60) - 5, "the limit was reachable"
     assert refused > 0
+
+
+async def test_with_redis_down_each_replica_enforces_its_share(
+    replica_a: GatewayProcess, test_redis: RedisProcess
+) -> None:
+    auth = {"authorization": f"Bearer {LOCAL_KEY}"}
+    local_before = metric_value(replica_a.url, "sluicegate_rate_limit_local_decisions_total")
+    test_redis.kill()
+    statuses: list[int] = []
+    async with httpx.AsyncClient(base_url=replica_a.url, headers=auth, timeout=60) as client:
+        started = time.monotonic()
+        for _ in range(30):
+            response = await client.post("/v1/chat/completions", json=BODY)
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                assert int(response.headers["retry-after"]) >= 1
+                assert response.headers["x-ratelimit-limit-requests"] == "10"
+        elapsed = time.monotonic() - started
+        admitted = statuses.count(200)
+        print(f"Redis down: 30 sent in {elapsed:.1f} s, {admitted} admitted")
+        share = int(LOCAL_RPM * LOCAL_SHARE)
+        assert set(statuses) == {200, 429}
+        assert share <= admitted <= share + int(share * elapsed / 60)
+        local_after = metric_value(replica_a.url, "sluicegate_rate_limit_local_decisions_total")
+        assert local_after - local_before >= 30
+        assert metric_value(replica_a.url, "sluicegate_rate_limit_local") == 1
+
+        # Redis back (empty): the limits are shared through it again.
+        test_redis.start()
+        deadline = time.monotonic() + 10
+        while True:
+            await asyncio.sleep(0.5)
+            response = await client.post("/v1/chat/completions", json=BODY)
+            if response.headers.get("x-ratelimit-limit-requests") == str(LOCAL_RPM):
+                break
+            assert time.monotonic() < deadline, "the limits did not go back to Redis"
+    assert response.status_code == 200
+    assert metric_value(replica_a.url, "sluicegate_rate_limit_local") == 0

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
+import pytest
+import redis
+import redis.asyncio
+
 from sluicegate import wiring
+from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.settings import Settings
+from tests.integration.redis_server import RedisProcess
 
 
 def settings(**values: object) -> Settings:
@@ -31,3 +39,70 @@ def test_rate_limit_overrides_become_limits() -> None:
     limits = wiring.rate_limit_overrides(settings(rate_limit_overrides=overrides))
     assert limits["key-0123456789ab"].requests_per_minute == 3
     assert limits["key-0123456789ab"].tokens_per_minute is None
+
+
+# ---- redis and quotas ----------------------------------------------------------------------
+
+
+async def test_the_redis_pool_is_bounded_and_waits_for_a_connection() -> None:
+    config = settings(redis_url="redis://127.0.0.1:6379/0", redis_max_connections=3)
+    client = wiring.open_redis(config)
+    assert client is not None
+    try:
+        pool = client.connection_pool
+        assert isinstance(pool, redis.asyncio.BlockingConnectionPool)
+        assert pool.max_connections == 3
+        # Six pings at once through three connections: the others wait, none fails.
+        assert await asyncio.gather(*(client.ping() for _ in range(6))) == [True] * 6
+    finally:
+        await client.aclose()
+
+
+def test_the_sequence_share_is_half_the_engine_with_keys_and_none_without() -> None:
+    with_keys = wiring.sequence_share(settings(api_keys="sk-a", max_num_seqs=10))
+    assert with_keys.per_key == 5 and not with_keys.prioritize
+    assert wiring.sequence_share(settings(max_num_seqs=10)).per_key is None
+    chosen = wiring.sequence_share(
+        settings(api_keys="sk-a", max_sequences_per_key=7, scheduling_policy="priority")
+    )
+    assert chosen.per_key == 7 and chosen.prioritize
+
+
+async def test_rate_limits_take_their_own_redis_when_given_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits_redis = RedisProcess(tmp_path)
+    limits_redis.start()
+    try:
+        config = settings(rate_limit_redis_url=limits_redis.url, rate_limit_requests_per_minute=5)
+        with caplog.at_level(logging.WARNING, logger="sluicegate.wiring"):
+            quotas = await wiring.open_quotas(config, None)
+        assert isinstance(quotas.limiter, RedisRateLimiter)
+        await quotas.admit("key-a", 0)
+        keys = redis.Redis(port=limits_redis.port).keys("sluicegate:gcra:*")
+        assert keys == [b"sluicegate:gcra:{key-a}:req"]
+        await quotas.limiter.close()
+        assert not [r for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    finally:
+        limits_redis.kill()
+
+
+async def test_an_evicting_redis_for_rate_limits_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisProcess(tmp_path)
+    server.start()
+    try:
+        redis.Redis(port=server.port).config_set("maxmemory-policy", "allkeys-lru")
+        client = wiring.open_redis(settings(redis_url=server.url))
+        assert client is not None
+        with caplog.at_level(logging.WARNING, logger="sluicegate.wiring"):
+            quotas = await wiring.open_quotas(settings(redis_url=server.url), client)
+        await quotas.limiter.close()
+        await client.aclose()
+        [warning] = [r for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+        assert "allkeys-lru" in warning.getMessage()
+        assert "volatile-lru" in warning.getMessage()
+        assert "RATE_LIMIT_REDIS_URL" in warning.getMessage()
+    finally:
+        server.kill()

@@ -1,13 +1,16 @@
 """`POST /v1/chat/completions` and `POST /v1/completions`.
 
 Each route prepares a `Run` (the service: model, limits, template, token budget) and hands
-it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits), look up (the
-response cache), then answer from the cache, stream, or collect.
+it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits, the key's
+share of the engine), look up (the response cache), then answer from the cache, stream, or
+collect. Whatever way the exchange ends, it is settled once: the completion tokens produced
+are charged instead of the reservation, and the sequences come free.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
@@ -25,6 +28,7 @@ from sluicegate.http.state import AppState
 from sluicegate.inference.run import Run
 from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
+from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
@@ -62,6 +66,7 @@ class Exchange:
     deadline: float
     """Event-loop time by which the whole response must be sent (`request_timeout`)."""
     headers: dict[str, str] = field(default_factory=dict)
+    reservation: Reservation | None = None
 
     @classmethod
     def start(cls, run: Run, stream: bool, request: Request, state: AppState) -> Exchange:
@@ -70,18 +75,35 @@ class Exchange:
 
     async def respond(self) -> Response:
         await self.admit()
-        lookup = await self.look_up()
-        if lookup.completion is not None:
-            return await self.answer_from_cache(lookup.completion)
-        if self.stream:
-            return await self.stream_events(lookup.lease)
-        return await self.collect(lookup.lease)
+        try:
+            lookup = await self.look_up()
+            if lookup.completion is not None:
+                return await self.answer_from_cache(lookup.completion)
+            if self.stream:
+                # From here the stream settles when it ends (`service.stream`'s `on_end`).
+                return await self.stream_events(lookup.lease)
+            return await self.collect(lookup.lease)
+        except BaseException:
+            # Nothing was produced, or the run has settled already (then this does nothing).
+            await self._settle(0)
+            raise
 
     async def admit(self) -> None:
-        """Count the request against its key's rate limits (429 when one is used up)."""
-        self.headers.update(await self.state.quotas.admit(self.key_id, self.run.prompt_tokens))
-        if self.run.budget is not None:
-            self.headers.update(self.run.budget.headers())
+        """Reserve the request's possible cost against its key's rate limits and take its
+        sequences from the key's share of the engine (429 when either is used up)."""
+        run = self.run
+        self.reservation = await self.state.quotas.reserve(
+            self.key_id,
+            run.prompt_tokens,
+            sequences=run.expected_choices,
+            max_tokens=run.options.max_tokens,
+            param=run.sequences_param,
+        )
+        self.headers.update(self.reservation.headers)
+        if self.reservation.priority:
+            self.run = dataclasses.replace(run, priority=self.reservation.priority)
+        if run.budget is not None:
+            self.headers.update(run.budget.headers())
 
     async def look_up(self) -> Lookup:
         """The cached response, or the lease to generate it (see `cache.response_cache`)."""
@@ -103,11 +125,13 @@ class Exchange:
         answer = render_cached(self.run.format, completion, self.stream, self.run.include_usage)
         if (record := current_request()) is not None:
             record.add_usage(completion.prompt_tokens, completion.completion_tokens)
-        await self.state.quotas.settle(self.key_id, completion.completion_tokens)
+        await self._settle(completion.completion_tokens)
         return Response(answer.body, headers={**answer.headers, **self.headers})
 
     async def stream_events(self, lease: Lease) -> Response:
-        events = self.state.service.stream(self.run, on_finish=lambda c: self._finish(c, lease))
+        events = self.state.service.stream(
+            self.run, on_finish=lambda c: self._finish(c, lease), on_end=self._settle
+        )
         return await open_event_stream(
             self.request.receive,
             lease.guard(events),
@@ -119,7 +143,9 @@ class Exchange:
     async def collect(self, lease: Lease) -> Response:
         try:
             completion = await until_disconnect(
-                self.request.receive, self.state.service.collect(self.run), self._time_left()
+                self.request.receive,
+                self.state.service.collect(self.run, on_end=self._settle),
+                self._time_left(),
             )
             await self._finish(completion, lease)
         finally:
@@ -127,9 +153,14 @@ class Exchange:
         return JSONResponse(self.run.format.response(completion), headers=self.headers)
 
     async def _finish(self, completion: Completion, lease: Lease) -> None:
-        """The run ended normally: settle its completion tokens, store and share it."""
-        await self.state.quotas.settle(self.key_id, completion.completion_tokens)
+        """The run ended normally: store and share it."""
         await lease.fulfil(completion)
+
+    async def _settle(self, completion_tokens: int) -> None:
+        """Charge what the run produced instead of what was reserved; free its sequences.
+        Runs once, however the exchange ended (`Quotas.release` ignores later calls)."""
+        if self.reservation is not None:
+            await self.state.quotas.release(self.reservation, completion_tokens)
 
     def _time_left(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()

@@ -114,11 +114,13 @@ class EngineClient(Protocol):
         options: SamplingOptions,
         *,
         arrival_time: float,
+        priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
         """Stream the request's outputs. Closing the iterator early aborts the request.
 
         `arrival_time` (wall clock, `time.time()`) is when the gateway began preparing the
         request: the engine's own latency metrics count from it, as behind vLLM's server.
+        `priority` orders the engine's queue under priority scheduling (lower runs first).
 
         Raises `errors.EngineUnavailableError` when the engine cannot serve, and
         `errors.InvalidRequestError` when it refuses the input.

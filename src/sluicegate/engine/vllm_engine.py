@@ -135,6 +135,7 @@ class VLLMEngine:
         options: SamplingOptions,
         *,
         arrival_time: float,
+        priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -148,7 +149,9 @@ class VLLMEngine:
             # vLLM's server stamps the arrival before it renders and tokenizes; so do we, or
             # `vllm:time_to_first_token_seconds` would leave out the gateway's share.
             prompt["arrival_time"] = arrival_time
-            stream = self._llm.generate(prompt, params, request_id)
+            # `priority` only orders the queue under SCHEDULING_POLICY=priority; it is 0
+            # otherwise (see `quota.share`).
+            stream = self._llm.generate(prompt, params, request_id, priority=priority)
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
             async with contextlib.aclosing(stream):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.wire.formats import ResponseFormat
 
@@ -21,6 +22,8 @@ class Run:
     """Wall-clock time (`time.time()`) at which preparing the request began."""
     include_usage: bool = False
     budget: BudgetReport | None = None
+    priority: int = 0
+    """The engine priority (vLLM runs lower values first; 0 unless scheduling is fair)."""
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
@@ -34,7 +37,13 @@ class Run:
 
     @property
     def expected_choices(self) -> int:
+        """The sequences the run starts in the engine: prompts × n."""
         return len(self.prompts) * self.options.n
+
+    @property
+    def sequences_param(self) -> str:
+        """The parameter to name when the run starts too many sequences."""
+        return sequences_param(len(self.prompts), self.options.n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +58,17 @@ class RequestLimits:
     # number and length bound the work one request puts on every other.
     max_stop_sequences: int = 64
     max_stop_length: int = 1024
+    max_sequences: int = 64
+    """Sequences (prompts × n) one request may start."""
+
+    def check_sequences(self, prompts: int, n: int) -> None:
+        if prompts * n > self.max_sequences:
+            raise InvalidRequestError(
+                f"This request would start {prompts * n} sequences ({prompts} prompts × n={n}); "
+                f"at most {self.max_sequences} are accepted per request.",
+                param=sequences_param(prompts, n),
+            )
+
+
+def sequences_param(prompts: int, n: int) -> str:
+    return "n" if n > 1 or prompts == 1 else "prompt"

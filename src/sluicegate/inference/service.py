@@ -24,6 +24,8 @@ from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 T = TypeVar("T")
+OnEnd = Callable[[int], Awaitable[None]]
+"""Told the completion tokens a run produced, once it has ended."""
 
 
 class CompletionService:
@@ -50,6 +52,7 @@ class CompletionService:
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
             )
         self._check_sampling(request)
+        self._limits.check_sequences(1, request.n)
         fitted = await self._budget.fit_chat(
             request.prompt_messages(),
             max_tokens=request.completion_limit(),
@@ -71,6 +74,7 @@ class CompletionService:
                 f"At most {self._limits.max_prompts} prompts are accepted.", param="prompt"
             )
         self._check_sampling(request)
+        self._limits.check_sequences(len(batch), request.n)
         as_text = isinstance(batch[0], str)
         fitted = await self._budget.fit_prompts(
             [await self._encode_prompt(p) for p in batch],
@@ -165,28 +169,39 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def collect(self, run: Run) -> Completion:
-        """Run to completion; `run.format.response(completion)` is the OpenAI body."""
+    async def collect(self, run: Run, on_end: OnEnd | None = None) -> Completion:
+        """Run to completion; `run.format.response(completion)` is the OpenAI body.
+
+        `on_end` gets the completion tokens produced however the run ended: finished,
+        failed, or cancelled (the client left, the time ran out)."""
         choices = {
             run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
             for p in range(len(run.prompts))
             for i in range(run.options.n)
         }
-        async for prompt_index, step in self._steps(run):
-            for delta in step.choices:
-                state = choices[run.choice_index(prompt_index, delta.index)]
-                state.add(delta)
-                if delta.finish_reason is not None:
-                    state.finish_reason = checked_finish(delta.finish_reason)
+        try:
+            async for prompt_index, step in self._steps(run):
+                for delta in step.choices:
+                    state = choices[run.choice_index(prompt_index, delta.index)]
+                    state.add(delta)
+                    if delta.finish_reason is not None:
+                        state.finish_reason = checked_finish(delta.finish_reason)
+        finally:
+            if on_end is not None:
+                await on_end(sum(c.num_tokens for c in choices.values()))
         return Completion([choices[k] for k in sorted(choices)], run.prompt_tokens)
 
     def stream(
-        self, run: Run, on_finish: Callable[[Completion], Awaitable[None]] | None = None
+        self,
+        run: Run,
+        on_finish: Callable[[Completion], Awaitable[None]] | None = None,
+        on_end: OnEnd | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
 
-        `on_finish` gets what the run produced once it has ended normally."""
-        return _events(run, self._steps(run), on_finish)
+        `on_finish` gets what the run produced once it has ended normally; `on_end` the
+        completion tokens produced, however the stream ended (finished, failed, abandoned)."""
+        return _events(run, self._steps(run), on_finish, on_end)
 
     async def _steps(self, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
@@ -203,6 +218,7 @@ class CompletionService:
                         run.prompts[0],
                         run.options,
                         arrival_time=run.arrival_time,
+                        priority=run.priority,
                     )
                 ) as steps:
                     async for step in steps:
@@ -218,20 +234,26 @@ async def _events(
     run: Run,
     steps: AsyncGenerator[tuple[int, EngineStep], None],
     on_finish: Callable[[Completion], Awaitable[None]] | None,
+    on_end: OnEnd | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """SSE events from engine steps; the steps are closed (aborting the run) with the events."""
     writer = EventWriter(run.format)
-    async with contextlib.aclosing(steps):
-        async for prompt_index, step in steps:
-            for delta in step.choices:
-                delta.index = run.choice_index(prompt_index, delta.index)
-                for event in writer.events(delta):
-                    yield event
-    completion = writer.completion(run.prompt_tokens)
-    if run.include_usage:
-        yield writer.usage_event(completion)
-    if on_finish is not None:
-        await on_finish(completion)
+    try:
+        async with contextlib.aclosing(steps):
+            async for prompt_index, step in steps:
+                for delta in step.choices:
+                    delta.index = run.choice_index(prompt_index, delta.index)
+                    for event in writer.events(delta):
+                        yield event
+        completion = writer.completion(run.prompt_tokens)
+        if run.include_usage:
+            yield writer.usage_event(completion)
+        if on_finish is not None:
+            await on_finish(completion)
+    finally:
+        # Also when the stream is closed early: the tokens sent so far were produced.
+        if on_end is not None:
+            await on_end(writer.completion(run.prompt_tokens).completion_tokens)
 
 
 async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
@@ -245,6 +267,7 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, Eng
                 run.prompts[index],
                 run.options,
                 arrival_time=run.arrival_time,
+                priority=run.priority,
             )
             async with contextlib.aclosing(steps):
                 async for step in steps:

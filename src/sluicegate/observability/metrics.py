@@ -27,7 +27,15 @@ RATE_LIMITED = Counter(
 )
 RATE_LIMIT_STORE_ERRORS = Counter(
     "sluicegate_rate_limit_store_errors_total",
-    "Rate-limit checks that failed open because the store (Redis) did not answer.",
+    "Rate-limit operations that Redis did not answer (in time, or at all).",
+)
+RATE_LIMIT_LOCAL_DECISIONS = Counter(
+    "sluicegate_rate_limit_local_decisions_total",
+    "Rate-limit checks decided by this replica's own share of the limits, Redis being down.",
+)
+RATE_LIMIT_LOCAL = Gauge(
+    "sluicegate_rate_limit_local",
+    "1 while this replica enforces its own share of the rate limits (Redis down), else 0.",
 )
 ADMISSION_REFUSED = Counter(
     "sluicegate_admission_refused_total",

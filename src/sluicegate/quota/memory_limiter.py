@@ -1,92 +1,75 @@
-"""Rate-limit windows in this process only, for a single gateway without Redis."""
+"""Rate limits in this process only: for a single gateway without Redis, and for each
+replica's share of the limits while Redis does not answer (see `redis_limiter`)."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from sluicegate.quota.window import (
-    ALLOW,
-    WINDOW_SECONDS,
-    Decision,
-    RateLimit,
-    Window,
-    decide,
-    unlimited,
-)
+from sluicegate.quota import gcra
+from sluicegate.quota.window import ALLOW, Decision, RateLimit, Window, decide, unlimited
 
-
-@dataclass(slots=True)
-class _KeyWindow:
-    requests: deque[float] = field(default_factory=deque)
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
-    token_sum: int = 0
-
-    def trim(self, cutoff: float) -> None:
-        while self.requests and self.requests[0] <= cutoff:
-            self.requests.popleft()
-        while self.tokens and self.tokens[0][0] <= cutoff:
-            self.token_sum -= self.tokens.popleft()[1]
+_REQUESTS, _TOKENS = "req", "tok"
 
 
 class MemoryRateLimiter:
-    """The same sliding windows in this process only, for a single gateway without Redis."""
+    """GCRA in a dict: one TAT per key id and limit, dropped once its bucket is full again."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._windows: dict[str, _KeyWindow] = {}
+        self._tats: dict[tuple[str, str], float] = {}
 
-    async def acquire(self, key_id: str, limit: RateLimit, prompt_tokens: int) -> Decision:
+    async def acquire(self, key_id: str, limit: RateLimit, tokens: int) -> Decision:
         if unlimited(limit):
             return ALLOW
+        now = self._clock()
         rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
-        cost = max(0, prompt_tokens)
-        now = self._clock()
-        w = self._windows.setdefault(key_id, _KeyWindow())
-        w.trim(now - WINDOW_SECONDS)
-        req_retry = tok_retry = 0.0
-        if rpm is not None and len(w.requests) >= rpm:
-            blocking = len(w.requests) - rpm
-            req_retry = (
-                w.requests[blocking] + WINDOW_SECONDS - now
-                if blocking < len(w.requests)
-                else WINDOW_SECONDS
-            )
-        if tpm is not None and cost > tpm:
-            tok_retry = WINDOW_SECONDS
-        elif tpm is not None and w.token_sum + cost > tpm:
-            need, freed = w.token_sum + cost - tpm, 0
-            for stamp, tokens in w.tokens:
-                freed += tokens
-                if freed >= need:
-                    tok_retry = stamp + WINDOW_SECONDS - now
-                    break
-        allowed = req_retry == 0 and tok_retry == 0
+        req_key, tok_key = (key_id, _REQUESTS), (key_id, _TOKENS)
+        req = None if rpm is None else gcra.conform(self._tats.get(req_key), now, rpm, 1)
+        tok = None
+        if tpm is not None:
+            tok = gcra.conform(self._tats.get(tok_key), now, tpm, max(0, tokens))
+        allowed = (req is None or req.allowed) and (tok is None or tok.allowed)
         if allowed:
-            if rpm is not None:
-                w.requests.append(now)
-            if tpm is not None and cost > 0:
-                w.tokens.append((now, cost))
-                w.token_sum += cost
-        req_reset = w.requests[-1] + WINDOW_SECONDS - now if w.requests else 0.0
-        tok_reset = w.tokens[-1][0] + WINDOW_SECONDS - now if w.tokens else 0.0
-        if not w.requests and not w.tokens:
-            del self._windows[key_id]
-        counts = Window(
-            allowed, len(w.requests), w.token_sum, req_retry, tok_retry, req_reset, tok_reset
+            if req is not None:
+                self._tats[req_key] = req.tat
+            if tok is not None and tokens > 0:
+                self._tats[tok_key] = tok.tat
+        # Refused: both TATs stay as they were, and the headers say so.
+        window = Window(
+            allowed,
+            self._debt(req_key, now),
+            self._debt(tok_key, now),
+            0.0 if req is None else req.retry_after,
+            0.0 if tok is None else tok.retry_after,
         )
-        return decide(limit, counts)
+        return decide(limit, window)
 
-    async def reconcile(self, key_id: str, limit: RateLimit, completion_tokens: int) -> None:
-        if limit.tokens_per_minute is None or completion_tokens <= 0:
+    async def reconcile(
+        self, key_id: str, limit: RateLimit, tokens: int, local: bool = False
+    ) -> None:
+        self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
+
+    def charge(self, key_id: str, limit: RateLimit, tokens: int) -> None:
+        """Count one request and `tokens` tokens admitted elsewhere, unchecked."""
+        self._adjust((key_id, _REQUESTS), limit.requests_per_minute, 1)
+        self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
+
+    def _adjust(self, key: tuple[str, str], per_minute: int | None, cost: int) -> None:
+        if per_minute is None or cost == 0:
             return
-        now = self._clock()
-        w = self._windows.setdefault(key_id, _KeyWindow())
-        w.trim(now - WINDOW_SECONDS)
-        w.tokens.append((now, completion_tokens))
-        w.token_sum += completion_tokens
+        tat = gcra.adjusted(self._tats.get(key), self._clock(), per_minute, cost)
+        if tat is None:
+            self._tats.pop(key, None)
+        else:
+            self._tats[key] = tat
+
+    def _debt(self, key: tuple[str, str], now: float) -> float:
+        return max(0.0, self._tats.get(key, now) - now)
+
+    def size(self) -> int:
+        """How many TATs are kept (at most two per key id)."""
+        return len(self._tats)
 
     async def close(self) -> None:
-        self._windows.clear()
+        self._tats.clear()

@@ -1,8 +1,13 @@
-"""Which rate limit applies to which API key, and the 429 when one is used up.
+"""Which rate limit applies to which API key, what a request is charged, and the 429s.
 
-The limiter (`redis_limiter` or `memory_limiter`) keeps the windows; this module picks the
-limit for a key (its override, else the default), turns a refusal into `RateLimitError`,
-and settles the completion tokens once a request has finished.
+The limiter (`redis_limiter` or `memory_limiter`) keeps the state; this module picks the
+limit for a key (its override, else the default) and turns a refusal into `RateLimitError`.
+
+A request is admitted with its possible cost reserved (`reserve`): one request, its prompt
+tokens and every completion token it may produce (sequences × max_tokens), plus its
+sequences in the key's share of the engine (`share`). When it ends, however it ends, its
+`Reservation` is released with the completion tokens it really produced: the unused part
+is given back, and the sequences come free.
 """
 
 from __future__ import annotations
@@ -11,7 +16,24 @@ from dataclasses import dataclass, field
 
 from sluicegate.errors import RateLimitError
 from sluicegate.observability.metrics import RATE_LIMITED
+from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one admitted request holds until `Quotas.release`."""
+
+    key_id: str
+    limit: RateLimit
+    completion_tokens: int
+    """Completion tokens reserved (sequences × max_tokens)."""
+    sequences: int
+    headers: dict[str, str]
+    priority: int = 0
+    """The engine priority (0 unless the share prioritizes)."""
+    local: bool = False
+    released: bool = False
 
 
 @dataclass
@@ -19,28 +41,89 @@ class Quotas:
     limiter: RateLimiter
     default: RateLimit = field(default_factory=RateLimit)
     overrides: dict[str, RateLimit] = field(default_factory=dict)
+    share: SequenceShare = field(default_factory=SequenceShare)
 
     def limit_for(self, key_id: str) -> RateLimit:
         return self.overrides.get(key_id, self.default)
 
-    async def admit(self, key_id: str, prompt_tokens: int) -> dict[str, str]:
-        """Count the request and its prompt tokens; return the rate-limit headers.
+    async def reserve(
+        self,
+        key_id: str,
+        prompt_tokens: int,
+        sequences: int,
+        max_tokens: int,
+        param: str = "n",
+    ) -> Reservation:
+        """Admit a request: take its sequences, count it and its possible tokens.
 
-        Raises `RateLimitError` (429, with Retry-After) when a limit is used up.
-        """
+        Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share, and
+        `RateLimitError` (429) when a limit is used up or the request could never fit."""
         limit = self.limit_for(key_id)
-        decision = await self.limiter.acquire(key_id, limit, prompt_tokens)
+        completion_tokens = sequences * max_tokens
+        _check_fits(limit, prompt_tokens, completion_tokens)
+        priority = self.share.take(key_id, sequences, param)
+        try:
+            decision = await self.limiter.acquire(key_id, limit, prompt_tokens + completion_tokens)
+        except BaseException:
+            self.share.give_back(key_id, sequences)
+            raise
         if not decision.allowed:
-            RATE_LIMITED.labels(limit=decision.limit or "requests").inc()
-            per_minute = (
-                limit.tokens_per_minute if decision.limit == "tokens" else limit.requests_per_minute
-            )
+            self.share.give_back(key_id, sequences)
+            which = decision.limit or "requests"
+            RATE_LIMITED.labels(limit=which).inc()
+            # The limit that refused: this replica's share of it while Redis is down.
+            per_minute = decision.headers.get(f"x-ratelimit-limit-{which}", "?")
             raise RateLimitError(
-                f"Rate limit reached for {decision.limit} per minute (limit {per_minute}). "
+                f"Rate limit reached for {which} per minute (limit {per_minute}). "
                 f"Retry after {decision.headers.get('retry-after', '1')} s.",
                 headers=decision.headers,
             )
-        return decision.headers
+        return Reservation(
+            key_id,
+            limit,
+            completion_tokens,
+            sequences,
+            decision.headers,
+            priority,
+            decision.local,
+        )
+
+    async def release(self, reservation: Reservation, completion_tokens: int) -> None:
+        """The request ended having produced `completion_tokens`: charge those instead of
+        the reservation, and free its sequences. Only the first call counts."""
+        if reservation.released:
+            return
+        reservation.released = True
+        self.share.give_back(reservation.key_id, reservation.sequences)
+        await self.limiter.reconcile(
+            reservation.key_id,
+            reservation.limit,
+            completion_tokens - reservation.completion_tokens,
+            local=reservation.local,
+        )
+
+    async def admit(self, key_id: str, prompt_tokens: int) -> dict[str, str]:
+        """Count a request and its prompt tokens (a cached answer's whole cost is known: its
+        completion tokens follow with `settle`); return the rate-limit headers."""
+        return (await self.reserve(key_id, prompt_tokens, 0, 0)).headers
 
     async def settle(self, key_id: str, completion_tokens: int) -> None:
+        """Count `completion_tokens` more for the key, unchecked."""
         await self.limiter.reconcile(key_id, self.limit_for(key_id), completion_tokens)
+
+
+def _check_fits(limit: RateLimit, prompt_tokens: int, completion_tokens: int) -> None:
+    """A request whose possible cost exceeds the whole tokens-per-minute limit never fits:
+    refuse it at once, saying what to lower, rather than with a Retry-After that lies."""
+    tpm = limit.tokens_per_minute
+    cost = prompt_tokens + completion_tokens
+    if tpm is None or cost <= tpm:
+        return
+    RATE_LIMITED.labels(limit="tokens").inc()
+    raise RateLimitError(
+        f"Request too large: it may use {cost} tokens ({prompt_tokens} prompt + up to "
+        f"{completion_tokens} completion), more than this API key's limit of {tpm} tokens "
+        "per minute. Lower max_tokens or n, or shorten the prompt.",
+        param="max_tokens" if prompt_tokens <= tpm else None,
+        headers={"x-ratelimit-limit-tokens": str(tpm)},
+    )

@@ -251,9 +251,12 @@ class FailsFirst(FakeEngine):
         options: SamplingOptions,
         *,
         arrival_time: float,
+        priority: int = 0,
     ) -> AsyncIterator[EngineStep]:
         first = not self.requests
-        steps = super().generate(request_id, prompt_token_ids, options, arrival_time=arrival_time)
+        steps = super().generate(
+            request_id, prompt_token_ids, options, arrival_time=arrival_time, priority=priority
+        )
         async for step in steps:
             yield step
             if first:

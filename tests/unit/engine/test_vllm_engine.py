@@ -20,9 +20,13 @@ class RecordingLLM:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any, str]] = []
+        self.priorities: list[int] = []
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: Any, params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
         self.calls.append((prompt, params, request_id))
+        self.priorities.append(priority)
         output = SimpleNamespace(
             index=0, text="Hi", token_ids=[7], finish_reason="length", logprobs=None
         )
@@ -44,3 +48,23 @@ async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> 
     # it, as they do behind vLLM's server, which stamps it before rendering the prompt.
     assert prompt["arrival_time"] == 123.5
     assert (params.max_tokens, params.temperature) == (1, 0.0)
+
+
+async def test_the_priority_goes_to_vllm() -> None:
+    llm = RecordingLLM()
+    engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
+    options = SamplingOptions(max_tokens=1)
+    for priority in (0, 3):
+        steps = engine.generate("req", [1], options, arrival_time=1.0, priority=priority)
+        assert [step.finished async for step in steps] == [True]
+    assert llm.priorities == [0, 3]
+
+
+def test_vllm_takes_a_priority_per_request() -> None:
+    """The stand-in above mirrors vLLM's own signature: `AsyncLLM.generate(..., priority=)`."""
+    import inspect
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    parameter = inspect.signature(AsyncLLM.generate).parameters["priority"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default == 0

@@ -43,14 +43,17 @@ def test_requests_per_minute_end_in_a_429_with_openai_headers(limited: TestClien
 
 
 def test_streams_carry_the_headers_and_settle_their_tokens() -> None:
-    # 4 prompt tokens ("user a b c") up front, 3 completion tokens settled at the end.
-    with client_for(rate_limit_tokens_per_minute=10) as client:
-        first = client.post("/v1/chat/completions", json=chat(stream=True))
+    # 4 prompt tokens ("user a b c") and max_tokens 5 reserved up front; the stream's 3
+    # completion tokens settled at the end, the 2 it did not use given back.
+    with client_for(rate_limit_tokens_per_minute=14) as client:
+        first = client.post("/v1/chat/completions", json=chat(stream=True, max_tokens=5))
         assert first.status_code == 200
-        assert first.headers["x-ratelimit-remaining-tokens"] == "6"
-        refused = client.post("/v1/chat/completions", json=chat())
+        assert first.headers["x-ratelimit-remaining-tokens"] == "5"
+        refused = client.post("/v1/chat/completions", json=chat(max_tokens=4))
         assert refused.status_code == 429, "the first stream's completion tokens were settled"
         assert "tokens" in refused.json()["error"]["message"]
+        fits = client.post("/v1/chat/completions", json=chat(max_tokens=3))
+        assert fits.status_code == 200, "the unused reservation was given back"
 
 
 def test_overrides_apply_by_key_id(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,163 @@
+"""Engine slots: the sequences one request may start, one key's share of those in flight,
+and the engine priority that keeps scheduling fair between keys (fake engine, real HTTP)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+
+KEY_A, KEY_B = "sk-share-a", "sk-share-b"
+KEYS = f"{KEY_A},{KEY_B}"
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def completion(prompts: int, n: int) -> dict[str, object]:
+    return {
+        "model": FAKE_MODEL,
+        "prompt": ["a b"] * prompts,
+        "n": n,
+        "temperature": 1,
+        "max_tokens": 3,
+    }
+
+
+# ---- sequences per request ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("prompts", "n", "param"), [(3, 2, "n"), (5, 1, "prompt")])
+def test_sequences_per_request_are_capped_naming_the_parameter(
+    prompts: int, n: int, param: str
+) -> None:
+    engine = FakeEngine()
+    with TestClient(fake_app(engine, max_sequences_per_request=4)) as client:
+        response = client.post("/v1/completions", json=completion(prompts, n))
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == param
+        assert error["type"] == "invalid_request_error"
+        assert "4" in error["message"]
+        assert engine.requests == []
+        assert client.post("/v1/completions", json=completion(2, 2)).status_code == 200
+
+
+def test_chat_n_is_capped_by_the_sequences_per_request() -> None:
+    with TestClient(fake_app(FakeEngine(), max_sequences_per_request=2)) as client:
+        body = {
+            "model": FAKE_MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": 3,
+            "temperature": 1,
+        }
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "n"
+
+
+# ---- one key's share of the engine -------------------------------------------------------
+
+
+@pytest.fixture
+def slow_engine() -> FakeEngine:
+    return FakeEngine(words=["a", "b", "c"], delays=[0.0, 3.0, 0.0])
+
+
+class Held:
+    """A slow request of `key` in flight on a thread, until its engine run ends."""
+
+    def __init__(self, url: str, key: str, body: dict[str, object]) -> None:
+        self.response: httpx.Response | None = None
+        self._thread = threading.Thread(
+            target=self._send, args=(url, key, body), daemon=True, name="held-request"
+        )
+        self._thread.start()
+
+    def _send(self, url: str, key: str, body: dict[str, object]) -> None:
+        headers = auth(key) if key else {}
+        self.response = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
+
+    def join(self) -> httpx.Response:
+        self._thread.join(30)
+        assert self.response is not None
+        return self.response
+
+
+def wait_for(engine: FakeEngine, active: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(engine.active) < active:
+        assert time.monotonic() < deadline, engine.active
+        time.sleep(0.01)
+
+
+def test_one_key_cannot_take_more_than_half_the_engine_by_default(slow_engine: FakeEngine) -> None:
+    # MAX_NUM_SEQS=8: each key may hold 4 sequences in flight.
+    app = fake_app(slow_engine, api_keys=KEYS, max_num_seqs=8)
+    with serve_in_thread(app) as url:
+        held = Held(url, KEY_A, completion(2, 2))
+        wait_for(slow_engine, 2)
+        refused = httpx.post(f"{url}/v1/completions", json=completion(1, 1), headers=auth(KEY_A))
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "concurrency_limit_exceeded"
+        assert int(refused.headers["retry-after"]) >= 1
+        # Another key still gets its share.
+        other = httpx.post(f"{url}/v1/completions", json=completion(2, 2), headers=auth(KEY_B))
+        assert other.status_code == 200
+        assert held.join().status_code == 200
+        # The share comes back when the request ends.
+        again = httpx.post(f"{url}/v1/completions", json=completion(2, 2), headers=auth(KEY_A))
+        assert again.status_code == 200
+
+
+def test_a_request_larger_than_the_share_is_a_400() -> None:
+    with TestClient(fake_app(FakeEngine(), api_keys=KEYS, max_sequences_per_key=3)) as client:
+        response = client.post("/v1/completions", json=completion(2, 2), headers=auth(KEY_A))
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "n"
+
+
+def test_without_api_keys_there_is_no_share(slow_engine: FakeEngine) -> None:
+    with serve_in_thread(fake_app(slow_engine, max_num_seqs=8)) as url:
+        held = [Held(url, "", completion(2, 2)) for _ in range(3)]
+        assert [h.join().status_code for h in held] == [200, 200, 200]
+
+
+def test_the_share_setting_wins_over_the_default(slow_engine: FakeEngine) -> None:
+    app = fake_app(slow_engine, api_keys=KEYS, max_num_seqs=8, max_sequences_per_key=6)
+    with serve_in_thread(app) as url:
+        held = Held(url, KEY_A, completion(2, 2))
+        wait_for(slow_engine, 2)
+        refused = httpx.post(f"{url}/v1/completions", json=completion(3, 1), headers=auth(KEY_A))
+        assert refused.status_code == 429
+        fits = httpx.post(f"{url}/v1/completions", json=completion(1, 2), headers=auth(KEY_A))
+        assert fits.status_code == 200
+        held.join()
+
+
+def test_priority_scheduling_puts_busy_keys_behind(slow_engine: FakeEngine) -> None:
+    app = fake_app(slow_engine, api_keys=KEYS, max_num_seqs=16, scheduling_policy="priority")
+    with serve_in_thread(app) as url:
+        held = Held(url, KEY_A, completion(2, 2))
+        wait_for(slow_engine, 2)
+        httpx.post(f"{url}/v1/completions", json=completion(1, 1), headers=auth(KEY_A))
+        httpx.post(f"{url}/v1/completions", json=completion(1, 1), headers=auth(KEY_B))
+        held.join()
+    # Key A's first request ran at priority 0 (both prompts); its next one behind the 4
+    # sequences it had in flight; key B's, with nothing in flight, at 0 again.
+    assert slow_engine.priorities == [0, 0, 4, 0]
+
+
+def test_first_come_first_served_passes_no_priority(slow_engine: FakeEngine) -> None:
+    with serve_in_thread(fake_app(slow_engine, api_keys=KEYS, max_num_seqs=16)) as url:
+        held = Held(url, KEY_A, completion(2, 2))
+        wait_for(slow_engine, 2)
+        httpx.post(f"{url}/v1/completions", json=completion(1, 1), headers=auth(KEY_A))
+        held.join()
+    assert slow_engine.priorities == [0, 0, 0]
