@@ -2,7 +2,8 @@
 
 Each route prepares a `Run` (the service: model, limits, template, token budget) and hands
 it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits), look up (the
-response cache), then answer from the cache, stream, or collect.
+response cache), then answer from the cache, or stream or collect the output: the engine's,
+or an identical request's in flight (`cache.flight`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sluicegate.api.deps import StateDep
-from sluicegate.cache.lease import Lease
 from sluicegate.cache.response_cache import Lookup
 from sluicegate.http.asgi import api_key_id
 from sluicegate.http.cache_hits import body_fingerprint, cache_control
@@ -22,6 +22,7 @@ from sluicegate.http.disconnect import until_disconnect
 from sluicegate.http.sse import open_event_stream
 from sluicegate.http.state import AppState
 from sluicegate.inference.run import Run
+from sluicegate.inference.service import DeltaSource
 from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
 from sluicegate.wire.completion import Completion
@@ -61,6 +62,8 @@ class Exchange:
     deadline: float
     """Event-loop time by which the whole response must be sent (`request_timeout`)."""
     headers: dict[str, str] = field(default_factory=dict)
+    follows: bool = False
+    """Whether the response comes from an identical request's run."""
 
     @classmethod
     def start(cls, run: Run, stream: bool, request: Request, state: AppState) -> Exchange:
@@ -72,9 +75,10 @@ class Exchange:
         lookup = await self.look_up()
         if lookup.completion is not None:
             return await self.answer_from_cache(lookup.completion)
+        deltas = self.output(lookup)
         if self.stream:
-            return await self.stream_events(lookup.lease)
-        return await self.collect(lookup.lease)
+            return await self.stream_events(deltas)
+        return await self.collect(deltas)
 
     async def admit(self) -> None:
         """Count the request against its key's rate limits (429 when one is used up)."""
@@ -83,14 +87,14 @@ class Exchange:
             self.headers.update(self.run.budget.headers())
 
     async def look_up(self) -> Lookup:
-        """The cached response, or the lease to generate it (see `cache.response_cache`)."""
+        """The cached response, or the flight to lead or follow (see `cache.response_cache`)."""
         scope, receive = self.request.scope, self.request.receive
         lookup = await self.state.cache.lookup(
             self.run,
             scope["path"],
             self.key_id,
             cache_control(scope),
-            # Waits on identical requests in flight end when the client leaves.
+            # Waits for another replica's entry end when the client leaves.
             wait=lambda work: until_disconnect(receive, work, self._time_left()),
             fingerprint=body_fingerprint(scope),
             stream=self.stream,
@@ -105,30 +109,53 @@ class Exchange:
         await self.state.quotas.settle(self.key_id, completion.completion_tokens)
         return Response(answer.body, headers={**answer.headers, **self.headers})
 
-    async def stream_events(self, lease: Lease) -> Response:
-        events = self.state.service.stream(self.run, on_finish=lambda c: self._finish(c, lease))
+    def output(self, lookup: Lookup) -> DeltaSource:
+        """Where the response's deltas come from: the engine, run for this request alone or
+        for every identical one (`lookup.leads`), or an identical request's run."""
+        service, run = self.state.service, self.run
+        flight = lookup.flight
+        if flight is None:
+            return service.generate(run)
+        if lookup.leads:
+            return flight.lead(service.generate(run))
+        self.follows = True
+        return flight.follow(lambda: service.generate(run), self.stream, self._fell_back)
+
+    async def stream_events(self, deltas: DeltaSource) -> Response:
+        events = self.state.service.stream(self.run, on_finish=self._finish, deltas=deltas)
         return await open_event_stream(
             self.request.receive,
-            lease.guard(events),
+            events,
             headers=self.headers,
             deadline=self.deadline,
             stall_limit=self.state.timeouts.stream_stall,
         )
 
-    async def collect(self, lease: Lease) -> Response:
+    async def collect(self, deltas: DeltaSource) -> Response:
         try:
             completion = await until_disconnect(
-                self.request.receive, self.state.service.collect(self.run), self._time_left()
+                self.request.receive,
+                self.state.service.collect(self.run, deltas),
+                self._time_left(),
             )
-            await self._finish(completion, lease)
         finally:
-            lease.close()
+            await deltas.aclose()  # also when the collection never started
+        await self._finish(completion)
         return JSONResponse(self.run.format.response(completion), headers=self.headers)
 
-    async def _finish(self, completion: Completion, lease: Lease) -> None:
-        """The run ended normally: settle its completion tokens, store and share it."""
+    async def _finish(self, completion: Completion) -> None:
+        """The response ended normally: settle its completion tokens."""
+        if self.follows and (record := current_request()) is not None:
+            # A follower's tokens were generated for another request (which counts them).
+            record.add_usage(completion.prompt_tokens, completion.completion_tokens)
         await self.state.quotas.settle(self.key_id, completion.completion_tokens)
-        await lease.fulfil(completion)
+
+    def _fell_back(self) -> None:
+        """The run this request followed was lost before it gave any output: it generates
+        its own, a miss."""
+        self.follows = False
+        self.headers.update({"x-cache": "MISS"})
+        self.headers.pop("age", None)
 
     def _time_left(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()

@@ -11,19 +11,30 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from sluicegate.engine.protocol import EngineClient, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import ChoiceDelta, EngineClient, EngineStep, SamplingOptions
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import RequestLimits, Run
 from sluicegate.inference.telemetry import GenerationTelemetry
-from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
+from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 T = TypeVar("T")
+
+
+class DeltaSource(Protocol):
+    """Where a response's deltas come from: the engine (`CompletionService.generate`), or
+    another identical request's live output (`cache.flight`). Closing it ends the reading."""
+
+    def __aiter__(self) -> AsyncIterator[ChoiceDelta]: ...
+
+    def __anext__(self) -> Awaitable[ChoiceDelta]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
 
 
 class CompletionService:
@@ -151,28 +162,38 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def collect(self, run: Run) -> Completion:
-        """Run to completion; `run.format.response(completion)` is the OpenAI body."""
-        choices = {
-            run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
-            for p in range(len(run.prompts))
-            for i in range(run.options.n)
-        }
-        async for prompt_index, step in self._steps(run):
-            for delta in step.choices:
-                state = choices[run.choice_index(prompt_index, delta.index)]
-                state.add(delta)
-                if delta.finish_reason is not None:
-                    state.finish_reason = checked_finish(delta.finish_reason)
-        return Completion([choices[k] for k in sorted(choices)], run.prompt_tokens)
+    async def generate(self, run: Run) -> AsyncGenerator[ChoiceDelta, None]:
+        """The run's deltas from the engine, indexed as the response's choices. Closing this
+        generator early aborts the run in the engine."""
+        async with contextlib.aclosing(self._steps(run)) as steps:
+            async for prompt_index, step in steps:
+                for delta in step.choices:
+                    delta.index = run.choice_index(prompt_index, delta.index)
+                    yield delta
+
+    async def collect(self, run: Run, deltas: DeltaSource | None = None) -> Completion:
+        """Run to completion; `run.format.response(completion)` is the OpenAI body.
+
+        `deltas` is where the output comes from (the engine by default; the response cache
+        hands in another request's live output); it is closed with the collection."""
+        collector = Collector(range(run.expected_choices))
+        source = self.generate(run) if deltas is None else deltas
+        async with contextlib.aclosing(source):
+            async for delta in source:
+                collector.add(delta)
+        return collector.completion(run.prompt_tokens)
 
     def stream(
-        self, run: Run, on_finish: Callable[[Completion], Awaitable[None]] | None = None
+        self,
+        run: Run,
+        on_finish: Callable[[Completion], Awaitable[None]] | None = None,
+        deltas: DeltaSource | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
 
-        `on_finish` gets what the run produced once it has ended normally."""
-        return _events(run, self._steps(run), on_finish)
+        `on_finish` gets what the run produced (counts only: a stream keeps no text) once it
+        has ended normally. `deltas` as for `collect`."""
+        return _events(run, self.generate(run) if deltas is None else deltas, on_finish)
 
     async def _steps(self, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
@@ -202,17 +223,15 @@ class CompletionService:
 
 async def _events(
     run: Run,
-    steps: AsyncGenerator[tuple[int, EngineStep], None],
+    deltas: DeltaSource,
     on_finish: Callable[[Completion], Awaitable[None]] | None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events from engine steps; the steps are closed (aborting the run) with the events."""
+    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them."""
     writer = EventWriter(run.format)
-    async with contextlib.aclosing(steps):
-        async for prompt_index, step in steps:
-            for delta in step.choices:
-                delta.index = run.choice_index(prompt_index, delta.index)
-                for event in writer.events(delta):
-                    yield event
+    async with contextlib.aclosing(deltas):
+        async for delta in deltas:
+            for event in writer.events(delta):
+                yield event
     completion = writer.completion(run.prompt_tokens)
     if run.include_usage:
         yield writer.usage_event(completion)
