@@ -183,8 +183,11 @@ class Settings(BaseSettings):
         description="Which responses are cached: `deterministic` (temperature 0, top_k 1 or "
         "a seed), `all`, or `off`.",
     )
-    cache_per_api_key: bool = Field(
-        default=False, description="Keep cache entries apart per API key instead of sharing."
+    cache_shared_across_keys: bool = Field(
+        default=False,
+        description="With API keys set, share cache entries between keys. Off: each key has "
+        "its own entries, so no key can learn (from `X-Cache`, `Age`) whether or when another "
+        "key sent a prompt. Without API keys there is one namespace either way.",
     )
     cache_ttl_seconds: float = Field(
         default=600.0, gt=0, description="Base TTL of a cache entry, scaled by engine latency."
@@ -212,7 +215,10 @@ class Settings(BaseSettings):
         description="Size bound of the in-process cache (used when no Redis URL is set).",
     )
     cache_max_entry_bytes: int = Field(
-        default=1024 * 1024, ge=1, description="Larger responses are not cached."
+        default=1024 * 1024,
+        ge=1,
+        description="Larger responses are not cached: a run stops keeping its output for the "
+        "cache (and for late identical requests) once it would make a larger entry.",
     )
     cache_redis_timeout: float = Field(
         default=0.05, gt=0, description="Seconds one cache operation may wait for Redis."
@@ -220,7 +226,9 @@ class Settings(BaseSettings):
     cache_flight_timeout: float = Field(
         default=30.0,
         gt=0,
-        description="Seconds an identical request waits for one in flight before generating.",
+        description="Seconds the single-flight lock in Redis outlives its last refresh: how "
+        "long other replicas may wait for the entry of a leader that died. A living leader "
+        "refreshes it, however long it generates.",
     )
     cache_retry_interval: float = Field(
         default=1.0,

@@ -80,7 +80,8 @@ def cache_config(settings: Settings) -> CacheConfig:
     return CacheConfig(
         policy=settings.cache_policy,
         prefix=settings.redis_key_prefix,
-        per_key=settings.cache_per_api_key,
+        # Tenants apart unless sharing is asked for; without keys everyone is `anonymous`.
+        per_key=settings.api_keys is not None and not settings.cache_shared_across_keys,
         max_entry_bytes=settings.cache_max_entry_bytes,
         flight_timeout=settings.cache_flight_timeout,
         retry_interval=settings.cache_retry_interval,

@@ -113,3 +113,43 @@ async def test_fifty_identical_requests_cause_one_engine_generation(base_url: st
     assert [r.status_code for r in responses] == [200] * 50
     assert metric_value(base_url, GENERATED) - before == 1
     assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]
+
+
+async def test_an_identical_stream_attaches_to_the_live_generation(base_url: str) -> None:
+    """The follower starts while the leader is generating: it gets the leader's output live
+    (its first words before the leader is done), the engine runs once, both streams match."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": question(),
+        "temperature": 0,
+        "max_tokens": 96,
+        "ignore_eos": True,  # long enough to overlap, on any machine
+        "stream": True,
+    }
+    before = metric_value(base_url, GENERATED)
+    loop = asyncio.get_running_loop()
+    follower_started = asyncio.Event()
+
+    async def read(http: httpx.AsyncClient, leads: bool) -> tuple[str, float | None, float]:
+        text, first_content = "", None
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                text += line + "\n"
+                if first_content is None and '"content":"' in line and '"role"' not in line:
+                    first_content = loop.time()
+                    if leads:
+                        follower_started.set()
+        return text, first_content, loop.time()
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        leader = asyncio.create_task(read(http, leads=True))
+        await follower_started.wait()
+        follower = await read(http, leads=False)
+        lead = await leader
+    assert metric_value(base_url, GENERATED) - before == 1
+    assert sse_payloads(follower[0]) == sse_payloads(lead[0])
+    assert sse_payloads(lead[0])[-1] == "[DONE]"
+    assert sse_payloads(lead[0])[-2]["choices"][0]["finish_reason"] == "length"
+    # Live: the follower had content while the leader was still generating.
+    assert follower[1] is not None and follower[1] < lead[2]

@@ -2,9 +2,10 @@
 
 Each route prepares a `Run` (the service: model, limits, template, token budget) and hands
 it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits, the key's
-share of the engine), look up (the response cache), then answer from the cache, stream, or
-collect. Whatever way the exchange ends, it is settled once: the completion tokens produced
-are charged instead of the reservation, and the sequences come free.
+share of the engine), look up (the response cache), then answer from the cache, or stream or
+collect the output: the engine's, or an identical request's in flight (`cache.flight`).
+Whatever way the exchange ends, it is settled once: the completion tokens produced are
+charged instead of the reservation, and the sequences come free.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from fastapi.responses import JSONResponse, Response
 
 from sluicegate.api.deps import StateDep
 from sluicegate.api.route import LargeBodyRoute
-from sluicegate.cache.lease import Lease
 from sluicegate.cache.response_cache import Lookup
 from sluicegate.http.asgi import api_key_id
 from sluicegate.http.cache_hits import body_fingerprint, cache_control
@@ -26,6 +26,7 @@ from sluicegate.http.disconnect import until_disconnect
 from sluicegate.http.sse import open_event_stream
 from sluicegate.http.state import AppState
 from sluicegate.inference.run import Run
+from sluicegate.inference.service import DeltaSource
 from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
 from sluicegate.quota.quotas import Reservation
@@ -67,6 +68,8 @@ class Exchange:
     """Event-loop time by which the whole response must be sent (`request_timeout`)."""
     headers: dict[str, str] = field(default_factory=dict)
     reservation: Reservation | None = None
+    follows: bool = False
+    """Whether the response comes from an identical request's run."""
 
     @classmethod
     def start(cls, run: Run, stream: bool, request: Request, state: AppState) -> Exchange:
@@ -79,10 +82,11 @@ class Exchange:
             lookup = await self.look_up()
             if lookup.completion is not None:
                 return await self.answer_from_cache(lookup.completion)
+            deltas = self.output(lookup)
             if self.stream:
                 # From here the stream settles when it ends (`service.stream`'s `on_end`).
-                return await self.stream_events(lookup.lease)
-            return await self.collect(lookup.lease)
+                return await self.stream_events(deltas)
+            return await self.collect(deltas)
         except BaseException:
             # Nothing was produced, or the run has settled already (then this does nothing).
             await self._settle(0)
@@ -106,14 +110,14 @@ class Exchange:
             self.headers.update(run.budget.headers())
 
     async def look_up(self) -> Lookup:
-        """The cached response, or the lease to generate it (see `cache.response_cache`)."""
+        """The cached response, or the flight to lead or follow (see `cache.response_cache`)."""
         scope, receive = self.request.scope, self.request.receive
         lookup = await self.state.cache.lookup(
             self.run,
             scope["path"],
             self.key_id,
             cache_control(scope),
-            # Waits on identical requests in flight end when the client leaves.
+            # Waits for another replica's entry end when the client leaves.
             wait=lambda work: until_disconnect(receive, work, self._time_left()),
             fingerprint=body_fingerprint(scope),
             stream=self.stream,
@@ -128,33 +132,54 @@ class Exchange:
         await self._settle(completion.completion_tokens)
         return Response(answer.body, headers={**answer.headers, **self.headers})
 
-    async def stream_events(self, lease: Lease) -> Response:
+    def output(self, lookup: Lookup) -> DeltaSource:
+        """Where the response's deltas come from: the engine, run for this request alone or
+        for every identical one (`lookup.leads`), or an identical request's run."""
+        service, run = self.state.service, self.run
+        flight = lookup.flight
+        if flight is None:
+            return service.generate(run)
+        if lookup.leads:
+            return flight.lead(service.generate(run))
+        self.follows = True
+        return flight.follow(lambda: service.generate(run), self.stream, self._fell_back)
+
+    async def stream_events(self, deltas: DeltaSource) -> Response:
         events = self.state.service.stream(
-            self.run, on_finish=lambda c: self._finish(c, lease), on_end=self._settle
+            self.run, on_finish=self._finish, deltas=deltas, on_end=self._settle
         )
         return await open_event_stream(
             self.request.receive,
-            lease.guard(events),
+            events,
             headers=self.headers,
             deadline=self.deadline,
             stall_limit=self.state.timeouts.stream_stall,
         )
 
-    async def collect(self, lease: Lease) -> Response:
+    async def collect(self, deltas: DeltaSource) -> Response:
         try:
             completion = await until_disconnect(
                 self.request.receive,
-                self.state.service.collect(self.run, on_end=self._settle),
+                self.state.service.collect(self.run, deltas, on_end=self._settle),
                 self._time_left(),
             )
-            await self._finish(completion, lease)
         finally:
-            lease.close()
+            await deltas.aclose()  # also when the collection never started
+        await self._finish(completion)
         return JSONResponse(self.run.format.response(completion), headers=self.headers)
 
-    async def _finish(self, completion: Completion, lease: Lease) -> None:
-        """The run ended normally: store and share it."""
-        await lease.fulfil(completion)
+    async def _finish(self, completion: Completion) -> None:
+        """The response ended normally (its tokens are settled by `on_end`)."""
+        if self.follows and (record := current_request()) is not None:
+            # A follower's tokens were generated for another request (which counts them).
+            record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+
+    def _fell_back(self) -> None:
+        """The run this request followed was lost before it gave any output: it generates
+        its own, a miss."""
+        self.follows = False
+        self.headers.update({"x-cache": "MISS"})
+        self.headers.pop("age", None)
 
     async def _settle(self, completion_tokens: int) -> None:
         """Charge what the run produced instead of what was reserved; free its sequences.

@@ -7,9 +7,11 @@ with `CorruptEntryError`, so the caller treats it as a miss and never serves it.
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sluicegate.engine.protocol import TokenLogprob
+from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
 from sluicegate.wire.completion import ChoiceState, Completion
 
 ENTRY_VERSION = 1
@@ -44,6 +46,39 @@ class _Entry(_Strict):
     created: float
     prompt_tokens: int = Field(ge=0)
     choices: list[_Choice]
+
+
+# Upper bounds of the encoded entry's parts beyond its strings: the envelope, a choice's fields,
+# a float as JSON (`-1.2345678901234567e-308`), one logprob's and one alternative's framing.
+_ENVELOPE = 128
+_CHOICE = 96
+_FLOAT = 25
+_LOGPROB = 32 + _FLOAT
+_ALTERNATIVE = 4 + _FLOAT
+
+
+class EntrySize:
+    """A running upper bound of the size of the entry a run's deltas would encode to, so a run
+    can tell when its output has outgrown an entry without building one."""
+
+    def __init__(self, key: str, choices: int) -> None:
+        self.bytes = _ENVELOPE + len(key) + choices * _CHOICE
+
+    def add(self, delta: ChoiceDelta) -> int:
+        """Count one delta; the bound so far."""
+        # The part, its comma, and its entry in `logprob_counts`.
+        size = _json_size(delta.text) + 1
+        if delta.logprobs is not None:
+            size += len(str(len(delta.logprobs))) + 1
+            for e in delta.logprobs:
+                size += _LOGPROB + _json_size(e.token)
+                size += sum(_ALTERNATIVE + _json_size(token) for token, _ in e.top)
+        self.bytes += size
+        return self.bytes
+
+
+def _json_size(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode())
 
 
 def encode_entry(key: str, completion: Completion, created: float) -> bytes:

@@ -2,14 +2,14 @@
 
 `ResponseCache.lookup` decides, for one prepared run, whether the response comes from the
 cache (HIT) or from the engine (MISS, or BYPASS when the request or the policy keeps the
-cache out). A miss comes with a `Lease` (`cache.lease`): the request that holds it generates
-and fulfils it with the result, which every identical request that waited then gets (single
-flight).
+cache out). A miss comes with a `Flight` (`cache.flight`) for the request to lead: its run's
+output goes to every identical request that arrives while it lives (single flight; those are
+HITs), and is stored when it ends normally.
 
-Single flight works in two layers. In the process, identical requests wait on the leader's
-future without touching the store. Across processes (replicas sharing Redis), the leader
-takes a lock with an expiry; other processes poll for the entry until it appears, the lock
-goes away, or their wait runs out.
+Single flight works in two layers. In the process, identical requests attach to the leader's
+flight and read its live output. Across processes (replicas sharing Redis), the leader takes
+a lock, refreshed while its run lives; other processes poll for the entry while the lock
+stands (bounded by their own request's time), then generate themselves if none came.
 
 The store failing never fails a request: the error is counted and logged (throttled), the
 store is left alone for `retry_interval`, and requests are served by the engine meanwhile.
@@ -27,8 +27,8 @@ from typing import Any, Literal, TypeVar
 
 from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
 from sluicegate.cache.fast_path import FastPath, HitShape
+from sluicegate.cache.flight import Flight
 from sluicegate.cache.key import CachePolicy, cache_key, is_cacheable, lock_key
-from sluicegate.cache.lease import NO_LEASE, Lease
 from sluicegate.cache.store import CacheStore, StoreError
 from sluicegate.cache.ttl import TtlPolicy
 from sluicegate.inference.run import Run
@@ -85,15 +85,19 @@ class CacheConfig:
     policy: CachePolicy = "deterministic"
     prefix: str = "sluicegate"
     per_key: bool = False
+    """Entries (and fast-path notes) kept apart per API key id."""
     max_entry_bytes: int = 1024 * 1024
     flight_timeout: float = 30.0
+    """How long the single-flight lock outlives its last refresh (a leader that died)."""
     retry_interval: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
     outcome: CacheOutcome
-    lease: Lease = NO_LEASE
+    flight: Flight | None = None
+    """The generation to lead (`leads`) or to follow; None: generate on one's own."""
+    leads: bool = False
     completion: Completion | None = None
     """The cached response, on a hit."""
     age: int = 0
@@ -119,7 +123,7 @@ class ResponseCache:
         self._config = config
         self._model_name = model_name
         self._model_identity = model_identity
-        self._flights: dict[str, asyncio.Future[Completion | None]] = {}
+        self._flights: dict[str, Flight] = {}
         self._down_until = 0.0
         self._warning = ThrottledWarning(logger)
         self._background: set[asyncio.Task[None]] = set()
@@ -132,6 +136,11 @@ class ResponseCache:
     @property
     def model_name(self) -> str:
         return self._model_name
+
+    @property
+    def lock_ttl(self) -> float:
+        """Seconds a single-flight lock lives past its last refresh."""
+        return self._config.flight_timeout
 
     async def fetch(self, key: str) -> Lookup | None:
         """The hit stored under `key`, for the fast path. A hit is counted here; a miss or a
@@ -166,12 +175,12 @@ class ResponseCache:
         fingerprint: str | None = None,
         stream: bool = False,
     ) -> Lookup:
-        """Find the run's response, or the lease to generate it. Never raises a store error.
+        """Find the run's response, or the flight to generate it. Never raises a store error.
 
-        `wait` runs the waits for other requests' results (identical requests in flight), so
-        the caller can end them early, for instance when its client leaves. `fingerprint`
-        is the request body's (see `cache.fast_path`): a cacheable run is noted under it, so the
-        same body is answered before routing next time."""
+        `wait` runs the wait for another replica's entry, so the caller can end it early, for
+        instance when its client leaves. `fingerprint` is the request body's (see
+        `cache.fast_path`): a cacheable run is noted under it, so the same body is answered
+        before routing next time."""
         with span("cache.lookup", {"sluicegate.cache.policy": self._config.policy}) as current:
             lookup = await self._lookup(run, endpoint, key_id, control, wait, fingerprint, stream)
             current.set_attribute("sluicegate.cache.outcome", lookup.outcome)
@@ -193,43 +202,36 @@ class ResponseCache:
         ):
             return Lookup("BYPASS")
         key = self.key_for(run, endpoint, key_id)
-        expected = run.expected_choices
         if control.no_cache:
-            return Lookup("BYPASS", Lease(self, key, expected, store=True))
+            # Generates and replaces the entry; nobody attaches to it.
+            return Lookup("BYPASS", self._new_flight(key, run, store=True), leads=True)
         if fingerprint is not None:
             self.fast_path.note(fingerprint, HitShape.of(key, run, stream))
-        store = not control.no_store
 
         leader = self._flights.get(key)
         if leader is not None:
             CACHE_STAMPEDE_FOLLOWERS.inc()
-            completion = await wait(self._follow(leader))
-            if completion is not None:
-                return Lookup("HIT", completion=completion)
-            return Lookup("MISS", Lease(self, key, expected, store))
+            return Lookup("HIT", leader)
 
         # Registered before the first await, so identical requests from now on follow us.
-        flight: asyncio.Future[Completion | None] = asyncio.get_running_loop().create_future()
-        self._flights[key] = flight
+        flight = self._flights[key] = self._new_flight(key, run, store=not control.no_store)
         try:
-            return await self._lead(key, expected, store, flight, wait)
+            return await self._lead(key, flight, wait)
         except BaseException:
-            self.end_flight(key, flight, None)
+            flight.abandon()
             raise
 
-    async def _lead(
-        self,
-        key: str,
-        expected: int,
-        store: bool,
-        flight: asyncio.Future[Completion | None],
-        wait: Waiter[Any],
-    ) -> Lookup:
+    def _new_flight(self, key: str, run: Run, store: bool) -> Flight:
+        config = self._config
+        return Flight(
+            self, key, run.expected_choices, run.prompt_tokens, store, config.max_entry_bytes
+        )
+
+    async def _lead(self, key: str, flight: Flight, wait: Waiter[Any]) -> Lookup:
         found = await self._read(key)
         if found is not None:
-            self.end_flight(key, flight, found[0])
+            flight.resolve(found[0])
             return _hit(found)
-        token: str | None = None
         if self.store.shared:
             token = secrets.token_hex(8)
             taken = await self._acquire(lock_key(key), token)
@@ -237,35 +239,25 @@ class ResponseCache:
                 CACHE_STAMPEDE_FOLLOWERS.inc()
                 found = await wait(self._await_entry(key))
                 if found is not None:
-                    self.end_flight(key, flight, found[0])
+                    flight.resolve(found[0])
                     return _hit(found)
-                token = None
             elif taken:
                 # The leader before us may have stored its entry and let go just now.
                 found = await self._read(key, recheck=True)
                 if found is not None:
                     self.release_later(lock_key(key), token)
-                    self.end_flight(key, flight, found[0])
+                    flight.resolve(found[0])
                     return _hit(found)
-            else:
-                token = None
-        return Lookup("MISS", Lease(self, key, expected, store, flight, token))
-
-    async def _follow(self, leader: asyncio.Future[Completion | None]) -> Completion | None:
-        try:
-            async with asyncio.timeout(self._config.flight_timeout):
-                return await asyncio.shield(leader)
-        except TimeoutError:
-            return None
+                flight.hold_lock(token)
+        return Lookup("MISS", flight, leads=True)
 
     async def _await_entry(self, key: str) -> tuple[Completion, float] | None:
-        """Poll for the entry another process is generating, while its lock stands."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.flight_timeout
+        """Poll for the entry another process is generating, while its lock stands (the
+        leader refreshes it while its run lives; the caller's `wait` bounds the whole)."""
         interval = _POLL_FIRST
         lock = lock_key(key)
-        while loop.time() < deadline:
-            await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
+        while True:
+            await asyncio.sleep(interval)
             interval = min(interval * 1.5, _POLL_MAX)
             found = await self._read(key)
             if found is not None:
@@ -276,15 +268,11 @@ class ResponseCache:
             except StoreError as exc:
                 self._failed("lock", exc)
                 return None
-        return None
 
-    def end_flight(
-        self, key: str, flight: asyncio.Future[Completion | None], result: Completion | None
-    ) -> None:
-        if self._flights.get(key) is flight:
-            del self._flights[key]
-        if not flight.done():
-            flight.set_result(result)
+    def end_flight(self, flight: Flight) -> None:
+        """Identical requests no longer attach to `flight`."""
+        if self._flights.get(flight.key) is flight:
+            del self._flights[flight.key]
 
     # ---- store operations: each failure is counted, logged, and survived ----------------
 
@@ -335,6 +323,16 @@ class ResponseCache:
         except StoreError as exc:
             self._failed("lock", exc)
             return None
+
+    async def refresh_lock(self, lock: str, token: str) -> bool:
+        """Extend a lock we hold; False once it is no longer ours."""
+        if not self._available():
+            return True  # try again next time; the lock may lapse meanwhile
+        try:
+            return await self.store.refresh(lock, token, round(self._config.flight_timeout * 1000))
+        except StoreError as exc:
+            self._failed("lock", exc)
+            return True
 
     async def write(self, key: str, completion: Completion) -> None:
         data = encode_entry(key, completion, time.time())

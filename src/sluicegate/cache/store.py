@@ -34,6 +34,10 @@ class CacheStore(Protocol):
         """Take `lock` for `ttl_ms` unless someone holds it."""
         ...
 
+    async def refresh(self, lock: str, token: str, ttl_ms: int) -> bool:
+        """Give `lock` `ttl_ms` more if `token` still holds it; whether it does."""
+        ...
+
     async def release(self, lock: str, token: str) -> None:
         """Drop `lock` if `token` still holds it."""
         ...
@@ -77,6 +81,9 @@ class MemoryStore:
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         return True
 
+    async def refresh(self, lock: str, token: str, ttl_ms: int) -> bool:
+        return True
+
     async def release(self, lock: str, token: str) -> None:
         return None
 
@@ -84,9 +91,14 @@ class MemoryStore:
         return False
 
 
-# Delete the lock only if it still holds our token: after an expiry, it may be someone else's.
+# Delete (or extend) the lock only if it still holds our token: after an expiry, it may be
+# someone else's.
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_REFRESH_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
 
@@ -101,6 +113,7 @@ class RedisStore:
     def __init__(self, client: redis.asyncio.Redis, op_timeout: float = 0.05) -> None:
         self._client = client
         self._release = client.register_script(_RELEASE_LUA)
+        self._refresh = client.register_script(_REFRESH_LUA)
         self._deadline = Deadline(op_timeout)
 
     async def get(self, key: str) -> bytes | None:
@@ -114,6 +127,9 @@ class RedisStore:
 
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         return bool(await self._run(self._client.set(lock, token, px=ttl_ms, nx=True)))
+
+    async def refresh(self, lock: str, token: str, ttl_ms: int) -> bool:
+        return bool(await self._run(self._refresh(keys=[lock], args=[token, ttl_ms])))
 
     async def release(self, lock: str, token: str) -> None:
         await self._run(self._release(keys=[lock], args=[token]))

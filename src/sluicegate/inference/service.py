@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from sluicegate.engine.protocol import EngineClient, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import ChoiceDelta, EngineClient, EngineStep, SamplingOptions
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import RequestLimits, Run
 from sluicegate.inference.telemetry import GenerationTelemetry
-from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
+from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -26,6 +26,17 @@ from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, S
 T = TypeVar("T")
 OnEnd = Callable[[int], Awaitable[None]]
 """Told the completion tokens a run produced, once it has ended."""
+
+
+class DeltaSource(Protocol):
+    """Where a response's deltas come from: the engine (`CompletionService.generate`), or
+    another identical request's live output (`cache.flight`). Closing it ends the reading."""
+
+    def __aiter__(self) -> AsyncIterator[ChoiceDelta]: ...
+
+    def __anext__(self) -> Awaitable[ChoiceDelta]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
 
 
 class CompletionService:
@@ -169,39 +180,49 @@ class CompletionService:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def collect(self, run: Run, on_end: OnEnd | None = None) -> Completion:
+    async def generate(self, run: Run) -> AsyncGenerator[ChoiceDelta, None]:
+        """The run's deltas from the engine, indexed as the response's choices. Closing this
+        generator early aborts the run in the engine."""
+        async with contextlib.aclosing(self._steps(run)) as steps:
+            async for prompt_index, step in steps:
+                for delta in step.choices:
+                    delta.index = run.choice_index(prompt_index, delta.index)
+                    yield delta
+
+    async def collect(
+        self, run: Run, deltas: DeltaSource | None = None, on_end: OnEnd | None = None
+    ) -> Completion:
         """Run to completion; `run.format.response(completion)` is the OpenAI body.
 
-        `on_end` gets the completion tokens produced however the run ended: finished,
-        failed, or cancelled (the client left, the time ran out)."""
-        choices = {
-            run.choice_index(p, i): ChoiceState(run.choice_index(p, i))
-            for p in range(len(run.prompts))
-            for i in range(run.options.n)
-        }
+        `deltas` is where the output comes from (the engine by default; the response cache
+        hands in another request's live output); it is closed with the collection. `on_end`
+        gets the completion tokens produced however the run ended: finished, failed, or
+        cancelled (the client left, the time ran out)."""
+        collector = Collector(range(run.expected_choices))
+        source = self.generate(run) if deltas is None else deltas
         try:
-            async for prompt_index, step in self._steps(run):
-                for delta in step.choices:
-                    state = choices[run.choice_index(prompt_index, delta.index)]
-                    state.add(delta)
-                    if delta.finish_reason is not None:
-                        state.finish_reason = checked_finish(delta.finish_reason)
+            async with contextlib.aclosing(source):
+                async for delta in source:
+                    collector.add(delta)
         finally:
             if on_end is not None:
-                await on_end(sum(c.num_tokens for c in choices.values()))
-        return Completion([choices[k] for k in sorted(choices)], run.prompt_tokens)
+                await on_end(collector.completion(run.prompt_tokens).completion_tokens)
+        return collector.completion(run.prompt_tokens)
 
     def stream(
         self,
         run: Run,
         on_finish: Callable[[Completion], Awaitable[None]] | None = None,
+        deltas: DeltaSource | None = None,
         on_end: OnEnd | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
 
-        `on_finish` gets what the run produced once it has ended normally; `on_end` the
-        completion tokens produced, however the stream ended (finished, failed, abandoned)."""
-        return _events(run, self._steps(run), on_finish, on_end)
+        `on_finish` gets what the run produced (counts only: a stream keeps no text) once it
+        has ended normally; `on_end` the completion tokens produced, however the stream ended
+        (finished, failed, abandoned). `deltas` as for `collect`."""
+        source = self.generate(run) if deltas is None else deltas
+        return _events(run, source, on_finish, on_end)
 
     async def _steps(self, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
@@ -232,19 +253,17 @@ class CompletionService:
 
 async def _events(
     run: Run,
-    steps: AsyncGenerator[tuple[int, EngineStep], None],
+    deltas: DeltaSource,
     on_finish: Callable[[Completion], Awaitable[None]] | None,
     on_end: OnEnd | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events from engine steps; the steps are closed (aborting the run) with the events."""
+    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them."""
     writer = EventWriter(run.format)
     try:
-        async with contextlib.aclosing(steps):
-            async for prompt_index, step in steps:
-                for delta in step.choices:
-                    delta.index = run.choice_index(prompt_index, delta.index)
-                    for event in writer.events(delta):
-                        yield event
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                for event in writer.events(delta):
+                    yield event
         completion = writer.completion(run.prompt_tokens)
         if run.include_usage:
             yield writer.usage_event(completion)

@@ -5,12 +5,13 @@ Formats render it (`formats`), streams replay it (`events`) and the cache stores
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from typing_extensions import TypedDict
 
-from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
+from sluicegate.engine.protocol import ChoiceDelta, FinishReason, TokenLogprob
 from sluicegate.errors import EngineUnavailableError
 
 
@@ -26,6 +27,8 @@ class ChoiceState:
 
     The deltas are kept as they came (`text_parts`, and with logprobs `logprob_counts` entries
     of `logprobs` per part), so a cached response replays as a stream shaped like the live one.
+    With `retain` off only the counts are kept (tokens, text length for logprob offsets): what
+    a stream needs once its deltas are sent, so a long stream holds nothing per token.
     """
 
     index: int
@@ -35,15 +38,18 @@ class ChoiceState:
     num_tokens: int = 0
     text_length: int = 0
     finish_reason: str | None = None
+    retain: bool = True
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
 
     def add(self, delta: ChoiceDelta) -> None:
-        self.text_parts.append(delta.text)
         self.text_length += len(delta.text)
         self.num_tokens += delta.num_tokens
+        if not self.retain:
+            return
+        self.text_parts.append(delta.text)
         if delta.logprobs is not None:
             if self.logprobs is None or self.logprob_counts is None:
                 self.logprobs, self.logprob_counts = [], [0] * (len(self.text_parts) - 1)
@@ -61,6 +67,28 @@ class ChoiceState:
                 end = start + self.logprob_counts[i]
                 logprobs, start = self.logprobs[start:end], end
             yield ChoiceDelta(self.index, text, 0, None, logprobs)
+
+    def end(self) -> ChoiceDelta:
+        """The delta that closes this choice: its token count and finish reason."""
+        return ChoiceDelta(self.index, "", self.num_tokens, cast(FinishReason, self.finish_reason))
+
+
+class Collector:
+    """Choice states built from the deltas of a run (indexes already the response's)."""
+
+    def __init__(self, indexes: Iterable[int] = ()) -> None:
+        self._states = {i: ChoiceState(i) for i in indexes}
+
+    def add(self, delta: ChoiceDelta) -> None:
+        state = self._states.get(delta.index)
+        if state is None:
+            state = self._states[delta.index] = ChoiceState(delta.index)
+        state.add(delta)
+        if delta.finish_reason is not None:
+            state.finish_reason = checked_finish(delta.finish_reason)
+
+    def completion(self, prompt_tokens: int) -> Completion:
+        return Completion([self._states[k] for k in sorted(self._states)], prompt_tokens)
 
 
 @dataclass(slots=True)
@@ -81,6 +109,12 @@ class Completion:
     @property
     def finish_reasons(self) -> list[str | None]:
         return [c.finish_reason for c in self.choices]
+
+    def deltas(self) -> Iterator[ChoiceDelta]:
+        """The deltas that made this completion, each choice closed by its `end`."""
+        for choice in self.choices:
+            yield from choice.deltas()
+            yield choice.end()
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:

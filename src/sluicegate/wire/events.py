@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from sluicegate.engine.protocol import ChoiceDelta, FinishReason
+from sluicegate.engine.protocol import ChoiceDelta
 from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
 from sluicegate.wire.formats import ResponseFormat
 
@@ -24,7 +24,8 @@ def sse_event(data: Mapping[str, Any]) -> bytes:
 
 
 class EventWriter:
-    """Turns choice deltas into SSE events in a response format, and keeps what they made."""
+    """Turns choice deltas into SSE events in a response format. It keeps per choice only what
+    the events still need (counts, text length), never the text or logprobs it sent."""
 
     def __init__(self, fmt: ResponseFormat) -> None:
         self._fmt = fmt
@@ -35,7 +36,7 @@ class EventWriter:
         fmt, index = self._fmt, delta.index
         state = self._states.get(index)
         if state is None:
-            state = self._states[index] = ChoiceState(index)
+            state = self._states[index] = ChoiceState(index, retain=False)
             first = fmt.first_chunk(index)
             if first is not None:
                 yield sse_event(first)
@@ -47,6 +48,7 @@ class EventWriter:
             yield sse_event(fmt.finish_chunk(index, state.finish_reason))
 
     def completion(self, prompt_tokens: int) -> Completion:
+        """What was sent, as counts: token counts and finish reasons, no text."""
         return Completion([self._states[k] for k in sorted(self._states)], prompt_tokens)
 
     def usage_event(self, completion: Completion) -> bytes:
@@ -58,11 +60,8 @@ def replay_events(fmt: ResponseFormat, completion: Completion, include_usage: bo
     (without `[DONE]`). The stream is complete, so nothing is gained by sending it in parts."""
     writer = EventWriter(fmt)
     events: list[bytes] = []
-    for choice in completion.choices:
-        for delta in choice.deltas():
-            events.extend(writer.events(delta))
-        finish = cast(FinishReason | None, choice.finish_reason)
-        events.extend(writer.events(ChoiceDelta(choice.index, "", choice.num_tokens, finish)))
+    for delta in completion.deltas():
+        events.extend(writer.events(delta))
     if include_usage:
         events.append(writer.usage_event(completion))
     return b"".join(events)

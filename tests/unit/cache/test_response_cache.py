@@ -7,8 +7,7 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -24,8 +23,8 @@ from sluicegate.observability.metrics import (
 )
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 from tests.integration.redis_server import RedisProcess
+from tests.unit.cache.conftest import REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
 
@@ -53,17 +52,6 @@ def sse_payloads(text: str) -> list[Any]:
 def answer(body: dict[str, Any]) -> Any:
     """A response body without what differs between responses (id, creation time)."""
     return {k: v for k, v in body.items() if k not in {"id", "created"}}
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"test-{uuid.uuid4().hex}"
-    yield value
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{value}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 # Generous, for the tests that count generations: a busy machine must not make them fail open.
@@ -288,24 +276,6 @@ async def test_policy_off_bypasses_everything() -> None:
                 response = await post(client, chat())
                 assert response.headers["x-cache"] == "BYPASS"
     assert len(engine.requests) == 2
-
-
-async def test_entries_are_shared_across_keys_unless_kept_per_key(prefix: str) -> None:
-    for per_key, expected in ((False, "HIT"), (True, "MISS")):
-        settings = {
-            "api_keys": "sk-one-0001,sk-two-0002",
-            "cache_per_api_key": per_key,
-            "redis_url": REDIS_URL,
-            "redis_key_prefix": f"{prefix}-{per_key}",
-            "cache_redis_timeout": SLOW_OK,
-        }
-        with serve_in_thread(fake_app(FakeEngine(), **settings)) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                one = {"authorization": "Bearer sk-one-0001"}
-                two = {"authorization": "Bearer sk-two-0002"}
-                await post(client, chat(), **one)
-                assert (await post(client, chat(), **two)).headers["x-cache"] == expected
-                assert (await post(client, chat(), **one)).headers["x-cache"] == "HIT"
 
 
 # ---- Redis-specific behaviour ------------------------------------------------------------

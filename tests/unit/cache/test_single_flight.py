@@ -1,0 +1,199 @@
+"""Single flight for generations longer than the flight timeout: identical requests attach to
+the leader's live output, streamed or not, and the engine runs once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from sluicegate.cache.key import lock_key
+from tests.fakes import FakeEngine, fake_app, serve_in_thread
+from tests.unit.cache.conftest import REDIS_URL
+from tests.unit.cache.test_response_cache import SLOW_OK, chat, post, sse_payloads
+
+WORDS = [f" w{i}" for i in range(10)]
+STEP = 0.1  # 10 steps of 0.1 s: the generation outlives the flight timeout three times
+FLIGHT_TIMEOUT = 0.3
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
+    settings: dict[str, object] = {"cache_flight_timeout": FLIGHT_TIMEOUT}
+    if request.param == "redis":
+        settings.update(redis_url=REDIS_URL, redis_key_prefix=prefix, cache_redis_timeout=SLOW_OK)
+    return settings
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(words=list(WORDS), step_delay=STEP, max_model_len=256)
+
+
+class Timed:
+    """A streamed response read to the end, with when its first content came and when it
+    ended."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.first_content: float | None = None
+        self.ended = 0.0
+        self.headers: httpx.Headers | None = None
+
+    async def read(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Timed:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            self.headers = response.headers
+            async for chunk in response.aiter_text():
+                self.text += chunk
+                if self.first_content is None and '"content":" w' in self.text:
+                    self.first_content = time.monotonic()
+        self.ended = time.monotonic()
+        return self
+
+
+def content(events: list[Any]) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in events
+        if isinstance(e, dict) and e["choices"]
+    )
+
+
+async def test_a_streamed_follower_attaches_to_the_live_stream(
+    store: dict[str, object], engine: FakeEngine
+) -> None:
+    body = chat(stream=True, stream_options={"include_usage": True})
+    with serve_in_thread(fake_app(engine, **store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            leader = asyncio.create_task(Timed().read(client, body))
+            await asyncio.sleep(0.45)  # the leader is a few words in
+            follower = await Timed().read(client, body)
+            leader_done = await leader
+    assert len(engine.requests) == 1
+    assert sse_payloads(follower.text) == sse_payloads(leader_done.text)
+    assert content(sse_payloads(follower.text)) == "".join(WORDS)
+    # Live: the follower had output while the leader was still generating.
+    assert follower.first_content is not None
+    assert follower.first_content < leader_done.ended - 3 * STEP
+    assert follower.headers is not None and follower.headers["x-cache"] == "HIT"
+
+
+async def test_a_non_streamed_follower_gets_the_whole_result(
+    store: dict[str, object], engine: FakeEngine
+) -> None:
+    with serve_in_thread(fake_app(engine, **store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            leader = asyncio.create_task(Timed().read(client, chat(stream=True)))
+            await asyncio.sleep(0.45)
+            follower = await post(client, chat())
+            await leader
+    assert len(engine.requests) == 1
+    assert follower.json()["choices"][0]["message"]["content"] == "".join(WORDS)
+    assert follower.json()["usage"]["completion_tokens"] == len(WORDS)
+
+
+async def test_the_leaders_client_leaving_does_not_end_the_followers_answer(
+    store: dict[str, object], engine: FakeEngine
+) -> None:
+    with serve_in_thread(fake_app(engine, **store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+            async def leave_early() -> None:
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=chat(stream=True)
+                ) as r:
+                    async for _ in r.aiter_bytes():
+                        await asyncio.sleep(0.4)
+                        break  # leave while the run goes on
+
+            leader = asyncio.create_task(leave_early())
+            await asyncio.sleep(0.15)
+            streamed = asyncio.create_task(Timed().read(client, chat(stream=True)))
+            plain = await post(client, chat())
+            await leader
+            follower = await streamed
+            after = await post(client, chat())
+    assert len(engine.requests) == 1
+    assert plain.json()["choices"][0]["message"]["content"] == "".join(WORDS)
+    assert content(sse_payloads(follower.text)) == "".join(WORDS)
+    # The run the followers kept alive ended normally, so it was stored.
+    assert after.headers["x-cache"] == "HIT"
+
+
+async def test_followers_leaving_do_not_abort_the_leader(
+    store: dict[str, object], engine: FakeEngine
+) -> None:
+    with serve_in_thread(fake_app(engine, **store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            leader = asyncio.create_task(Timed().read(client, chat(stream=True)))
+            await asyncio.sleep(0.15)
+            gone = [
+                asyncio.create_task(client.post("/v1/chat/completions", json=chat(stream=s)))
+                for s in (False, True)
+            ]
+            await asyncio.sleep(0.3)
+            for task in gone:
+                task.cancel()
+            await asyncio.gather(*gone, return_exceptions=True)
+            done = await leader
+    assert len(engine.requests) == 1
+    assert content(sse_payloads(done.text)) == "".join(WORDS)
+
+
+async def test_an_abandoned_flight_aborts_the_engine_and_the_next_request_leads(
+    store: dict[str, object], engine: FakeEngine
+) -> None:
+    with serve_in_thread(fake_app(engine, **store)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as r:
+                async for _ in r.aiter_bytes():
+                    break
+            for _ in range(100):
+                if not engine.active:
+                    break
+                await asyncio.sleep(0.02)
+            assert not engine.active, "the engine request was aborted"
+            engine.step_delay = 0
+            again = await post(client, chat())
+    assert again.headers["x-cache"] == "MISS"
+    assert again.json()["choices"][0]["message"]["content"] == "".join(WORDS)
+    assert len(engine.requests) == 2
+
+
+async def test_the_redis_lock_lives_as_long_as_the_leader(prefix: str) -> None:
+    """Another replica keeps waiting for the entry however long the leader generates, and
+    the lock is gone once the leader is done."""
+    engines = [FakeEngine(words=list(WORDS), step_delay=STEP, max_model_len=256) for _ in range(2)]
+    settings = {
+        "redis_url": REDIS_URL,
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+        "cache_flight_timeout": FLIGHT_TIMEOUT,
+    }
+    raw = redis.Redis.from_url(REDIS_URL)
+    with (
+        serve_in_thread(fake_app(engines[0], **settings)) as url_a,
+        serve_in_thread(fake_app(engines[1], **settings)) as url_b,
+    ):
+        async with (
+            httpx.AsyncClient(base_url=url_a, timeout=30) as a,
+            httpx.AsyncClient(base_url=url_b, timeout=30) as b,
+        ):
+            leader = asyncio.create_task(post(a, chat()))
+            await asyncio.sleep(3 * FLIGHT_TIMEOUT)
+            locks = [k for k in raw.scan_iter(match=f"{prefix}:cache:*") if k.endswith(b":lock")]
+            assert len(locks) == 1 and raw.pttl(locks[0]) > 0, "the lock outlived its first expiry"
+            other = await post(b, chat())
+            first = await leader
+            await asyncio.sleep(0.2)  # the release runs after the response
+            assert raw.exists(locks[0]) == 0
+    raw.close()
+    assert sum(len(e.requests) for e in engines) == 1
+    assert other.headers["x-cache"] == "HIT"
+    assert other.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+    assert lock_key("x") == "x:lock"
