@@ -27,7 +27,9 @@ class WhitespaceTokenizer:
     async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
 
-    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+    async def encode_chat_counted(
+        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+    ) -> ChatEncoding:
         return ChatEncoding(
             await self.encode_chat(messages),
             tuple(len((m["role"] + " " + m["content"]).split()) for m in messages),

@@ -39,7 +39,7 @@ class LargeBodyRoute(APIRoute):
         async def route(request: Request) -> Response:
             body = await request.body()
             state = app_state(request.scope)
-            if len(body) > LARGE_BODY_BYTES and state is not None:
+            if len(body) > LARGE_BODY_BYTES and state is not None and _is_json(request):
                 try:
                     compact = await state.processes.run(compact_body, model, body)
                 except BrokenProcessPool:
@@ -61,3 +61,9 @@ class LargeBodyRoute(APIRoute):
             if isinstance(annotation, type) and issubclass(annotation, BaseModel)
             else None
         )
+
+
+def _is_json(request: Request) -> bool:
+    """Whether FastAPI would parse the body as JSON (it does for a JSON media type)."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")

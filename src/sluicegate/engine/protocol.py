@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
+MAX_TOKEN_CHARS = 128
+"""No token is longer than this many characters (vocabularies stay far below): a text of
+more characters than this many times N tokens cannot fit in N."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,14 @@ class ChatEncoding:
     ids: list[int]
     message_tokens: tuple[int, ...]
     content_tokens: tuple[int, ...]
+    length: int = -1
+    """How many ids the prompt has. `ids` is left empty when there are more than the caller
+    said it could use (`encode_chat_counted`'s `ids_up_to`): for megabytes of text, building
+    the list alone holds the GIL for tens of milliseconds."""
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            object.__setattr__(self, "length", len(self.ids))
 
 
 class PromptTokenizer(Protocol):
@@ -87,8 +98,11 @@ class PromptTokenizer(Protocol):
         """Apply the model's chat template with a generation prompt, then tokenize."""
         ...
 
-    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
-        """`encode_chat`, with the ids attributed to the messages (for the token budget)."""
+    async def encode_chat_counted(
+        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+    ) -> ChatEncoding:
+        """`encode_chat`, with the ids attributed to the messages (for the token budget).
+        With more than `ids_up_to` ids, only their number is returned (`ChatEncoding.length`)."""
         ...
 
     async def count(self, texts: Sequence[str]) -> list[int]:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sluicegate.engine.protocol import ChatEncoding
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding
 from sluicegate.lru import BoundedLRU
 
 T = TypeVar("T")
@@ -26,6 +25,9 @@ INLINE_LIMIT_CHARS = 2048
 # short messages is work too.
 MESSAGE_WEIGHT_CHARS = 64
 COUNT_BATCH = 2048
+# In a prompt that cannot fit, contents longer than this are bounded by their length, not
+# tokenized (`_bounded_encoding`).
+BOUNDED_CONTENT_CHARS = 64 * 1024
 # Bounds of the memo of recent chat encodings.
 MEMO_MAX_ENTRIES = 2048
 MEMO_MAX_CHARS = 8 * 1024 * 1024  # about 2M tokens held, some 20 MiB with their lists
@@ -59,15 +61,18 @@ class HFPromptTokenizer:
     async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return await self._run(_chat_size(messages), self._encode_chat_sync, messages)
 
-    async def encode_chat_counted(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+    async def encode_chat_counted(
+        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+    ) -> ChatEncoding:
         key = tuple((m["role"], m["content"]) for m in messages)
         found = self._memo.get(key)
         if found is not None:
             # A list of its own: the ids become the run's prompt.
             return dataclasses.replace(found, ids=list(found.ids))
         size = _chat_size(messages)
-        encoding = await self._run(size, self._encode_chat_counted_sync, messages)
-        self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
+        encoding = await self._run(size, self._encode_chat_counted_sync, messages, ids_up_to)
+        if size <= MEMO_MAX_CHARS and encoding.length == len(encoding.ids):
+            self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
         return encoding
 
     async def encode(self, text: str) -> list[int]:
@@ -100,15 +105,41 @@ class HFPromptTokenizer:
             return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def _encode_chat_counted_sync(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+    def _encode_chat_counted_sync(
+        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+    ) -> ChatEncoding:
         text = self._render(messages)
+        if ids_up_to is not None and len(text) > MAX_TOKEN_CHARS * max(ids_up_to, 1):
+            return self._bounded_encoding(messages)
         contents = [m["content"] for m in messages]
         spans = content_spans(text, contents)
         if spans is None or self._backend is None:
             return estimated_encoding(self._encode_rendered(text), self._count_sync(contents))
         encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
-        starts = [start for start, _ in encoding.offsets]
-        return attributed_encoding(list(encoding.ids), starts, spans)
+        length = len(encoding)
+        ids = encoding.ids if ids_up_to is None or length <= ids_up_to else []
+        return attributed_encoding(ids, tokens_before(encoding, len(text)), spans, length)
+
+    def _bounded_encoding(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+        """The counts of a prompt too long to fit by its characters alone, without tokenizing
+        megabytes: an encoding of millions of tokens takes seconds to make and, when it is
+        freed, tens of milliseconds holding the GIL. Contents longer than
+        `BOUNDED_CONTENT_CHARS` count as their UTF-8 length, an upper bound (no token is
+        shorter than a byte); the others and the template's framing are counted exactly."""
+        contents = [m["content"] for m in messages]
+        counted = [i for i, c in enumerate(contents) if len(c) <= BOUNDED_CONTENT_CHARS]
+        exact = dict(zip(counted, self._count_sync([contents[i] for i in counted]), strict=True))
+        counts = [
+            exact.get(i) or len(c.encode("utf-8", "surrogatepass")) for i, c in enumerate(contents)
+        ]
+        framing = len(self._encode_rendered(self._render([{**m, "content": ""} for m in messages])))
+        per_message = framing // (len(messages) + 1)
+        return ChatEncoding(
+            [],
+            tuple(c + per_message for c in counts),
+            tuple(counts),
+            framing + sum(counts),
+        )
 
     def _encode_sync(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text))
@@ -129,11 +160,11 @@ class HFPromptTokenizer:
             len(ids) for ids in self._tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         ]
 
-    async def _run(self, size: int, fn: Callable[[T], R], arg: T) -> R:
+    async def _run(self, size: int, fn: Callable[..., R], *args: Any) -> R:
         if size <= self._inline_limit:
-            return fn(arg)
+            return fn(*args)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn, arg)
+        return await loop.run_in_executor(self._executor, fn, *args)
 
 
 def _chat_size(messages: Sequence[dict[str, str]]) -> int:
@@ -156,19 +187,43 @@ def content_spans(text: str, contents: Sequence[str]) -> list[tuple[int, int]] |
     return spans
 
 
+def tokens_before(encoding: Any, text_length: int) -> Callable[[int], int]:
+    """`count(position)`: how many tokens of `encoding` start before that character.
+
+    Asks the Rust encoding about the one token at the position, instead of building the list
+    of every token's offsets: for a prompt of megabytes that list alone takes a third of a
+    second, all of it holding the GIL (and so the event loop)."""
+    tokens = len(encoding)
+
+    def count(position: int) -> int:
+        while position < text_length:
+            index = encoding.char_to_token(position)
+            if index is not None:
+                start, _ = encoding.token_to_chars(index)
+                return int(index) if start >= position else int(index) + 1
+            position += 1  # a character no token covers: the next one tells
+        return tokens
+
+    return count
+
+
 def attributed_encoding(
-    ids: list[int], starts: Sequence[int], spans: Sequence[tuple[int, int]]
+    ids: list[int],
+    tokens_before: Callable[[int], int],
+    spans: Sequence[tuple[int, int]],
+    length: int = -1,
 ) -> ChatEncoding:
-    """Each token goes to the message whose content it starts in, or whose framing precedes."""
+    """Each token goes to the message whose content it starts in, or whose framing precedes.
+    `tokens_before(position)` counts the tokens that start before a character."""
     message_tokens: list[int] = []
     content_tokens: list[int] = []
     previous_end = 0
     for start, end in spans:
-        first, last = bisect_left(starts, start), bisect_left(starts, end)
+        first, last = tokens_before(start), tokens_before(end)
         message_tokens.append(last - previous_end)
         content_tokens.append(last - first)
         previous_end = last
-    return ChatEncoding(ids, tuple(message_tokens), tuple(content_tokens))
+    return ChatEncoding(ids, tuple(message_tokens), tuple(content_tokens), length)
 
 
 def estimated_encoding(ids: list[int], content_counts: Sequence[int]) -> ChatEncoding:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluicegate.engine.protocol import PromptTokenizer
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, PromptTokenizer
 from sluicegate.errors import ContextLengthExceededError
 from sluicegate.inference.truncation import truncate_chat
 from sluicegate.observability.metrics import (
@@ -96,8 +96,8 @@ class TokenBudget:
         """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use."""
         ask = _Ask(max_tokens, min_tokens, "messages")
         limit = self._prompt_limit(ask)
-        encoding = await self._tokenizer.encode_chat_counted(messages)
-        before = len(encoding.ids)
+        encoding = await self._tokenizer.encode_chat_counted(messages, ids_up_to=limit)
+        before = encoding.length
         if before <= limit:
             return self._fitted([encoding.ids], before, ask)
         # Truncation off, or the completion alone asking for the whole context: a 400.
@@ -140,6 +140,22 @@ class TokenBudget:
         fitted = [p if len(p) <= limit else p[:keep_prefix] + p[len(p) - tail :] for p in prompts]
         steps = ("cut_prompt",) if fitted != prompts else ()
         return self._fitted(fitted, before, ask, steps=steps)
+
+    def bound_text(self, text: str, truncation: Truncation | None = None) -> str:
+        """A text prompt longer in characters than any prompt that fits could be (see
+        `MAX_TOKEN_CHARS`): refused at once, or with truncation on, cut to the end that could
+        fit, before it is tokenized. Tokenizing megabytes only to cut them costs seconds."""
+        longest = MAX_TOKEN_CHARS * self._max_model_len
+        if len(text) <= longest:
+            return text
+        if (truncation or self._policy.completion_truncation) == "disabled":
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self._max_model_len} tokens. "
+                f"However, your prompt has {len(text)} characters, more than that many tokens "
+                "can hold. Please reduce the length of the prompt.",
+                param="prompt",
+            )
+        return text[-longest:]
 
     def _prompt_limit(self, ask: _Ask) -> int:
         """The most prompt tokens that leave the completion its minimum room."""

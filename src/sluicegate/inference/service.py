@@ -21,7 +21,12 @@ from sluicegate.inference.telemetry import GenerationTelemetry
 from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
-from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from sluicegate.wire.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    Truncation,
+)
 
 T = TypeVar("T")
 OnEnd = Callable[[int], Awaitable[None]]
@@ -88,7 +93,7 @@ class CompletionService:
         self._limits.check_sequences(len(batch), request.n)
         as_text = isinstance(batch[0], str)
         fitted = await self._budget.fit_prompts(
-            [await self._encode_prompt(p) for p in batch],
+            [await self._encode_prompt(p, request.truncation) for p in batch],
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
@@ -114,11 +119,13 @@ class CompletionService:
                 param="model",
             )
 
-    async def _encode_prompt(self, prompt: str | list[int]) -> list[int]:
+    async def _encode_prompt(
+        self, prompt: str | list[int], truncation: Truncation | None
+    ) -> list[int]:
         """A text prompt's token ids, or given ids once checked against the vocabulary."""
         tokenizer = self._engine.tokenizer
         if isinstance(prompt, str):
-            return await tokenizer.encode(prompt)
+            return await tokenizer.encode(self._budget.bound_text(prompt, truncation))
         vocab = tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")

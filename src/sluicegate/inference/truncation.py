@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate, pairwise
 from typing import Literal
 
-from sluicegate.engine.protocol import ChatEncoding, PromptTokenizer
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding, PromptTokenizer
 from sluicegate.offload import offload
 
 Step = Literal["dedupe_system", "compress", "drop_turns", "cut_turn"]
@@ -46,9 +46,6 @@ _NOT_SPACE = re.compile(r"\S")
 # Regex work on long texts goes in pieces of about this many characters, so that no single
 # C call holds the GIL (and so the event loop, from a worker thread) for long.
 _PIECE = 64 * 1024
-# No token is longer than this many characters, so a text of more characters than this many
-# times a number of tokens cannot fit in that number (generous: vocabularies stay far below).
-_MAX_TOKEN_CHARS = 128
 # Sentences counted at first when cutting a turn from its end; each further batch is 4x larger.
 _FIRST_BATCH = 64
 
@@ -102,7 +99,7 @@ async def truncate_chat(
 ) -> TruncatedChat:
     """Fit `messages`, whose exact encoding is `encoding`, into `limit` prompt tokens."""
     entries = entries_of(messages, encoding)
-    fixed = len(encoding.ids) - sum(e.tokens for e in entries)
+    fixed = encoding.length - sum(e.tokens for e in entries)
     planner = _Planner(entries, fixed, tokenizer)
     bound = limit
     while True:
@@ -212,7 +209,7 @@ class _Planner:
         and tokenizing megabytes only to learn that would cost seconds."""
         if all(e.counted for e in older[position]):
             return older[position]
-        longest = _MAX_TOKEN_CHARS * max(room, 0)
+        longest = MAX_TOKEN_CHARS * max(room, 0)
         texts: list[str] = []
         for turn in reversed(older[: position + 1]):
             texts.extend(e.content for e in turn if not e.counted and len(e.content) <= longest)

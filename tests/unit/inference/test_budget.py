@@ -333,3 +333,35 @@ async def test_with_overflow_error_truncation_makes_room_for_the_whole_max_token
     with pytest.raises(ContextLengthExceededError) as caught:
         await strict.fit_chat(messages, max_tokens=prompt + 41)
     assert f"({prompt} in the messages, {prompt + 41} in the completion)" in str(caught.value)
+
+
+def test_a_text_prompt_too_long_by_its_characters_is_refused_or_cut_before_tokenizing(
+    hf_tokenizer: HFPromptTokenizer,
+) -> None:
+    budget = TokenBudget(hf_tokenizer, 100, BudgetPolicy())
+    short = "word " * 10
+    assert budget.bound_text(short) is short
+    huge = "a" * 100 * 128 + "THE END"
+    with pytest.raises(ContextLengthExceededError) as refused:
+        budget.bound_text(huge)
+    assert refused.value.param == "prompt" and "characters" in refused.value.message
+    kept = budget.bound_text(huge, truncation="auto")
+    assert len(kept) == 100 * 128 and kept.endswith("THE END")
+
+
+async def test_a_chat_too_long_by_its_characters_is_bounded_not_tokenized_whole(
+    hf_tokenizer: HFPromptTokenizer,
+) -> None:
+    messages = [
+        {"role": "user", "content": "Old. " * 200_000},
+        {"role": "assistant", "content": "Yes."},
+        {"role": "user", "content": "Now?"},
+    ]
+    encoding = await hf_tokenizer.encode_chat_counted(messages, ids_up_to=500)
+    assert encoding.ids == [] and encoding.length > 500
+    # The giant content counts as its length in bytes, an upper bound; the rest exactly.
+    assert encoding.content_tokens[0] == len(messages[0]["content"])
+    assert encoding.content_tokens[1:] == tuple(await hf_tokenizer.count(["Yes.", "Now?"]))
+    fitted = await TokenBudget(hf_tokenizer, 600, BudgetPolicy()).fit_chat(messages, max_tokens=16)
+    assert len(fitted.prompts[0]) <= 600 - 16
+    assert fitted.report.steps[-1] == "cut_turn"

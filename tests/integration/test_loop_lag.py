@@ -1,0 +1,101 @@
+"""No single request stalls the others: while one hostile body up to the body limit is being
+worked on, `/health` answers every probe within 100 ms (real engine, real HTTP).
+
+The bodies are the worst cases of work proportional to input size: a long older turn of many
+sentences (truncated), many very short sentences, content split into a quarter of a million
+parts, 2,000 messages, and a text completion prompt of megabytes. Each is sent from another
+process, so that its upload shares no GIL with the probe.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.server import MODEL_NAME, GatewayProcess
+
+BODY_LIMIT = 8 * 1024 * 1024  # the default SLUICEGATE_MAX_REQUEST_BYTES
+PROBE_EVERY_S = 0.05
+WORST_PROBE_S = 0.1
+
+
+def sentences(size: int, sentence: str = "The quick brown fox jumps over the lazy dog. ") -> str:
+    return sentence * (size // len(sentence))
+
+
+def hostile_bodies() -> Iterator[tuple[str, str, dict[str, object]]]:
+    size = BODY_LIMIT - 64 * 1024
+    chat = "/v1/chat/completions"
+    tail = [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Go on."}]
+    yield (
+        "long older turn",
+        chat,
+        {"messages": [{"role": "user", "content": sentences(size)}, *tail]},
+    )
+    yield (
+        "short sentences",
+        chat,
+        {"messages": [{"role": "user", "content": "Hi. " * (size // 4)}, *tail]},
+    )
+    parts = [{"type": "text", "text": "word. "}] * (size // 36)
+    yield "content parts", chat, {"messages": [{"role": "user", "content": parts}, *tail]}
+    count = 2000
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": sentences(size // count - 48)}
+        for i in range(count - 1)
+    ]
+    yield "many messages", chat, {"messages": [*turns, {"role": "user", "content": "Go on."}]}
+    yield "long prompt", "/v1/completions", {"prompt": sentences(size)}
+
+
+def lag_samples_over(url: str, seconds: str) -> float:
+    """How many of the gateway's own loop-lag observations were above `seconds`."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith("sluicegate_event_loop_lag_seconds_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets[bound] = float(line.rsplit(" ", 1)[1])
+    return buckets["+Inf"] - buckets[seconds]
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in hostile_bodies()])
+def test_health_answers_within_100_ms_while_a_hostile_body_is_worked_on(
+    name: str, gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    path, body = next((p, b) for n, p, b in hostile_bodies() if n == name)
+    payload = json.dumps({"model": MODEL_NAME, "max_tokens": 1, **body}).encode()
+    assert BODY_LIMIT / 2 < len(payload) <= BODY_LIMIT
+    body_file = tmp_path / "body.json"
+    body_file.write_bytes(payload)
+    send = (
+        "import httpx, sys; "
+        f"r = httpx.post({gateway.url + path!r}, content=open({str(body_file)!r}, 'rb').read(), "
+        "headers={'content-type': 'application/json'}, timeout=300); "
+        "print(r.status_code); print(r.text[:300])"
+    )
+    stalls_before = lag_samples_over(gateway.url, "0.1")
+    sender = subprocess.Popen([sys.executable, "-c", send], stdout=subprocess.PIPE, text=True)
+    waits: list[float] = []
+    with httpx.Client(base_url=gateway.url, timeout=60) as probe:
+        while sender.poll() is None:
+            started = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            waits.append(time.perf_counter() - started)
+            time.sleep(PROBE_EVERY_S)
+    status, _, answer = (sender.stdout.read() if sender.stdout else "").partition("\n")
+    print(f"{name}: {len(waits)} probes, worst {max(waits) * 1000:.0f} ms, status {status}")
+    # The request itself is answered: a completion, or (the prompt cannot fit) a clean 400.
+    assert status in ("200", "400"), answer
+    if status == "400":
+        assert json.loads(answer)["error"]["code"] == "context_length_exceeded"
+    assert len(waits) >= 3, "the request was too quick to probe"
+    assert max(waits) <= WORST_PROBE_S, f"{name}: /health waited {max(waits) * 1000:.0f} ms"
+    assert lag_samples_over(gateway.url, "0.1") == stalls_before
