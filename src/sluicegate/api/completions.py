@@ -81,8 +81,11 @@ class Exchange:
         try:
             lookup = await self.look_up()
             if lookup.completion is not None:
+                self._runs_elsewhere()
                 return await self.answer_from_cache(lookup.completion)
             deltas = self.output(lookup)
+            if self.follows:
+                self._runs_elsewhere()
             if self.stream:
                 # From here the stream settles when it ends (`service.stream`'s `on_end`).
                 return await self.stream_events(deltas)
@@ -178,8 +181,15 @@ class Exchange:
         """The run this request followed was lost before it gave any output: it generates
         its own, a miss."""
         self.follows = False
+        if self.reservation is not None:
+            self.state.quotas.runs_itself(self.reservation, self.run.expected_choices)
         self.headers.update({"x-cache": "MISS"})
         self.headers.pop("age", None)
+
+    def _runs_elsewhere(self) -> None:
+        """No engine work of its own (a hit, or following another run): no sequences held."""
+        if self.reservation is not None:
+            self.state.quotas.runs_elsewhere(self.reservation)
 
     async def _settle(self, completion_tokens: int) -> None:
         """Charge what the run produced instead of what was reserved; free its sequences.

@@ -56,12 +56,3 @@ def replaying(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def raising(exc: Exception) -> Receive:
-    """`receive` that raises `exc`: hands an error met while reading on to the app below."""
-
-    async def receive() -> Message:
-        raise exc
-
-    return receive

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sluicegate.cache.fast_path import HitShape
 from sluicegate.cache.response_cache import CacheControl, Lookup
 from sluicegate.errors import GatewayError
-from sluicegate.http.asgi import api_key_id, header, raising, read_body, replaying
+from sluicegate.http.asgi import api_key_id, header, read_body, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import app_state
 from sluicegate.observability.record import current_request
@@ -57,11 +57,8 @@ class CacheHitMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        try:
-            body = await read_body(receive)
-        except Exception as exc:  # a body limit's error: the routes render it
-            await self.app(scope, raising(exc), send)
-            return
+        # `body_limits` has read the body whole: this is its one message, replayed.
+        body = await read_body(receive)
         receive = replaying(body, receive)
         cache, key_id = state.cache, api_key_id(scope)
         fingerprint = cache.fast_path.fingerprint(scope["path"], body, key_id)
@@ -84,7 +81,9 @@ async def _answer(
     completion: Completion,
 ) -> None:
     try:
-        quota_headers = await quotas.admit(key_id, shape.prompt_tokens)
+        # A cached answer's whole cost is known: charged up front, like the route's hits.
+        cost = shape.prompt_tokens + completion.completion_tokens
+        quota_headers = await quotas.admit(key_id, cost)
     except GatewayError as exc:
         await send_error(send, exc)
         return
@@ -98,4 +97,3 @@ async def _answer(
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": 200, "headers": raw})
     await send({"type": "http.response.body", "body": answer.body})
-    await quotas.settle(key_id, completion.completion_tokens)

@@ -43,6 +43,10 @@ async def until_disconnect(
     except asyncio.CancelledError:
         task.cancel()
         watcher.cancel()
+        # Let the work's own cleanup (closing the engine run, settling its tokens) finish
+        # before the caller's: they would otherwise race over the same generators.
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({task})
         raise
     if task.done():
         watcher.cancel()

@@ -35,16 +35,6 @@ logger = logging.getLogger(__name__)
 _TYPE_PARTS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after"}
 
 
-class ReceiveError(HTTPException):
-    """A `GatewayError` raised from `receive` (the body limits): FastAPI lets
-    `HTTPException`s from body reading through untouched, where any other exception would
-    become its own 400."""
-
-    def __init__(self, error: GatewayError) -> None:
-        super().__init__(error.status_code, error.message, error.headers or None)
-        self.error = error
-
-
 # ---- routes: FastAPI's handlers ------------------------------------------------------------
 
 
@@ -97,8 +87,6 @@ def _is_type_part(part: Any) -> bool:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    if isinstance(exc, ReceiveError):
-        return error_response(exc.error)
     if exc.status_code == 404:
         message = f"Unknown request URL: {request.method} {request.url.path}."
     elif exc.status_code == 405:

@@ -102,14 +102,22 @@ class Quotas:
             local=reservation.local,
         )
 
-    async def admit(self, key_id: str, prompt_tokens: int) -> dict[str, str]:
-        """Count a request and its prompt tokens (a cached answer's whole cost is known: its
-        completion tokens follow with `settle`); return the rate-limit headers."""
-        return (await self.reserve(key_id, prompt_tokens, 0, 0)).headers
+    async def admit(self, key_id: str, tokens: int) -> dict[str, str]:
+        """Count a request whose whole cost, `tokens`, is known (a cached answer) and that
+        runs no sequence; return the rate-limit headers."""
+        return (await self.reserve(key_id, tokens, 0, 0)).headers
 
-    async def settle(self, key_id: str, completion_tokens: int) -> None:
-        """Count `completion_tokens` more for the key, unchecked."""
-        await self.limiter.reconcile(key_id, self.limit_for(key_id), completion_tokens)
+    def runs_elsewhere(self, reservation: Reservation) -> None:
+        """The request starts no engine work of its own (a cache hit, or it follows an
+        identical request's run): its sequences go back to the key's share at once."""
+        self.share.give_back(reservation.key_id, reservation.sequences)
+        reservation.sequences = 0
+
+    def runs_itself(self, reservation: Reservation, sequences: int) -> None:
+        """The request it followed was lost and it generates after all: it holds its
+        sequences again (unchecked: it was admitted, and may have begun to answer)."""
+        self.share.hold(reservation.key_id, sequences)
+        reservation.sequences = sequences
 
 
 def _check_fits(limit: RateLimit, prompt_tokens: int, completion_tokens: int) -> None:

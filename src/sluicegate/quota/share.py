@@ -50,6 +50,11 @@ class SequenceShare:
         self._in_flight[key_id] = held + sequences
         return held if self.prioritize else 0
 
+    def hold(self, key_id: str, sequences: int) -> None:
+        """Count sequences in flight without checking the share."""
+        if sequences > 0:
+            self._in_flight[key_id] = self._in_flight.get(key_id, 0) + sequences
+
     def give_back(self, key_id: str, sequences: int) -> None:
         left = self._in_flight.get(key_id, 0) - sequences
         if left > 0:

@@ -161,3 +161,19 @@ def test_first_come_first_served_passes_no_priority(slow_engine: FakeEngine) -> 
         httpx.post(f"{url}/v1/completions", json=completion(1, 1), headers=auth(KEY_A))
         held.join()
     assert slow_engine.priorities == [0, 0, 0]
+
+
+def test_requests_that_follow_an_identical_run_hold_none_of_the_share(
+    slow_engine: FakeEngine,
+) -> None:
+    """Single flight: identical requests share one engine run, so they must not use up the
+    key's share of the engine while they wait for it."""
+    app = fake_app(slow_engine, api_keys=KEYS, max_sequences_per_key=2, cache_flight_timeout=30)
+    greedy = {**completion(1, 1), "temperature": 0}
+    with serve_in_thread(app) as url:
+        leader = Held(url, KEY_A, greedy)
+        wait_for(slow_engine, 1)
+        followers = [Held(url, KEY_A, greedy) for _ in range(4)]
+        assert [f.join().status_code for f in followers] == [200] * 4
+        assert leader.join().status_code == 200
+    assert len(slow_engine.requests) == 1
