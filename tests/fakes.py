@@ -136,15 +136,21 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning"
     )
-    server = uvicorn.Server(config)
+    with run_in_thread(uvicorn.Server(config)):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
+    """Run `server` on a thread until the block ends; yields the thread once it serves."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "app did not start"
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield thread
     finally:
         server.should_exit = True
         thread.join(10)

@@ -17,7 +17,7 @@ import pytest
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
 from sluicegate.server import DrainingServer, exposure_warning, server_config
 from sluicegate.settings import Settings
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
 from tests.integration.server import free_port
 
 
@@ -49,17 +49,8 @@ def running(engine: FakeEngine | None = None, **settings: object) -> Iterator[Ru
     server = DrainingServer(
         server_config(config, fake_app(engine, lifecycle=lifecycle, **settings)), lifecycle
     )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
+    with run_in_thread(server) as thread:
         yield Running(port, engine, lifecycle, thread)
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, float]:
