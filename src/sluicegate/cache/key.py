@@ -46,7 +46,7 @@ def cache_key(
         model_identity,
         namespace,
         # Every field by name, so adding an option can never leave it out of the key.
-        [(name, getattr(options, name)) for name in _OPTION_FIELDS],
+        [(name, _plain(getattr(options, name))) for name in _OPTION_FIELDS],
         len(prompts),
     ]
     digest = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())
@@ -55,6 +55,13 @@ def cache_key(
         digest.update(len(prompt).to_bytes(4, "little"))
         digest.update(array("q", prompt).tobytes())
     return f"{prefix}:cache:{KEY_VERSION}:{model_name}:{digest.hexdigest()}"
+
+
+def _plain(value: object) -> object:
+    """An option as JSON can hold it (a nested constraint becomes its fields)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def lock_key(key: str) -> str:

@@ -17,6 +17,22 @@ more characters than this many times N tokens cannot fit in N."""
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on what the engine may generate (vLLM's `StructuredOutputsParams`).
+
+    Exactly one of `json` (a JSON schema, as canonical JSON text), `json_object`, `regex`,
+    `choice` and `grammar` (EBNF or Lark) is set."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    compact_whitespace: bool = True
+    """No free whitespace between JSON tokens, so JSON modes end instead of rambling."""
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """Sampling parameters with every default filled in (OpenAI's where it has one)."""
 
@@ -35,6 +51,11 @@ class SamplingOptions:
     """None: no logprobs. k >= 0: the sampled token's logprob plus the top k alternatives."""
     ignore_eos: bool = False
     min_tokens: int = 0
+    structured: StructuredOutput | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias in [-100, 100]) pairs, added to the logits before sampling."""
+    prompt_logprobs: int | None = None
+    """None: none. k >= 0: each prompt token's logprob plus the top k (completions `echo`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +83,9 @@ class EngineStep:
     choices: list[ChoiceDelta] = field(default_factory=list)
     prompt_tokens: int = 0
     finished: bool = False
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """With `SamplingOptions.prompt_logprobs`, in the first step: one entry per prompt token
+    (None for the first, which nothing predicts)."""
 
 
 @dataclass(frozen=True, slots=True)

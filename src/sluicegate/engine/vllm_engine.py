@@ -19,6 +19,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     FinishReason,
     SamplingOptions,
+    StructuredOutput,
     TokenLogprob,
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
@@ -188,9 +189,32 @@ class VLLMEngine:
 def _sampling_params(options: SamplingOptions) -> Any:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    # SamplingOptions uses vLLM's names on purpose; only `stop` changes shape.
-    fields = {**dataclasses.asdict(options), "stop": list(options.stop) or None}
-    return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
+    # SamplingOptions uses vLLM's names on purpose; only these change shape.
+    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    fields.update(
+        stop=list(options.stop) or None,
+        logit_bias=dict(options.logit_bias) or None,
+        structured_outputs=_structured_outputs(fields.pop("structured")),
+    )
+    return SamplingParams(
+        **fields,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _structured_outputs(structured: StructuredOutput | None) -> Any:
+    if structured is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(
+        json=structured.json,
+        json_object=structured.json_object or None,
+        regex=structured.regex,
+        choice=None if structured.choice is None else list(structured.choice),
+        grammar=structured.grammar,
+        disable_any_whitespace=structured.compact_whitespace,
+    )
 
 
 def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:

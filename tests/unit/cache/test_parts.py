@@ -11,7 +11,12 @@ from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
 from sluicegate.cache.key import cache_key, is_cacheable
 from sluicegate.cache.store import MemoryStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
-from sluicegate.engine.protocol import ChoiceDelta, SamplingOptions, TokenLogprob
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    SamplingOptions,
+    StructuredOutput,
+    TokenLogprob,
+)
 from sluicegate.wire.completion import ChoiceState, Completion
 
 PROMPT = [[1, 2, 3, 400]]
@@ -71,10 +76,27 @@ def test_every_sampling_option_changes_the_key() -> None:
         "logprobs": 0,
         "ignore_eos": True,
         "min_tokens": 1,
+        "structured": StructuredOutput(json='{"type":"object"}'),
+        "logit_bias": ((5, -100.0),),
+        "prompt_logprobs": 0,
     }
     assert set(changed) == {f.name for f in dataclasses.fields(SamplingOptions)}
     keys = {key(dataclasses.replace(GREEDY, **{name: value})) for name, value in changed.items()}
     assert len(keys) == len(changed) and key() not in keys
+
+
+def test_each_structured_constraint_changes_the_key() -> None:
+    constraints = [
+        StructuredOutput(json='{"type":"object"}'),
+        StructuredOutput(json='{"type":"array"}'),
+        StructuredOutput(json='{"type":"object"}', compact_whitespace=False),
+        StructuredOutput(json_object=True),
+        StructuredOutput(regex="a+"),
+        StructuredOutput(choice=("a", "b")),
+        StructuredOutput(grammar='root ::= "a"'),
+    ]
+    keys = {key(dataclasses.replace(GREEDY, structured=c)) for c in constraints}
+    assert len(keys) == len(constraints)
 
 
 def test_prompt_endpoint_model_and_namespace_change_the_key() -> None:
