@@ -15,8 +15,14 @@ from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
 from sluicegate.app import create_app
-from sluicegate.engine.protocol import ChatEncoding, ChoiceDelta, EngineStep, SamplingOptions
-from sluicegate.errors import EngineUnavailableError, GatewayError
+from sluicegate.engine.protocol import (
+    ChatEncoding,
+    ChoiceDelta,
+    EngineStep,
+    SamplingOptions,
+    StructuredOutput,
+)
+from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
 
@@ -60,6 +66,8 @@ class FakeEngine:
     priorities: list[int] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
+    refused_constraint: str | None = None
+    checked: list[StructuredOutput] = field(default_factory=list)
 
     async def generate(
         self,
@@ -97,6 +105,14 @@ class FakeEngine:
                 )
         finally:
             self.active.discard(request_id)
+
+    async def check_structured(self, structured: StructuredOutput) -> None:
+        """Refuses a regex or grammar containing `refused_constraint` (a stand-in for the
+        engine's grammar parser)."""
+        self.checked.append(structured)
+        text = structured.regex or structured.grammar or structured.json or ""
+        if self.refused_constraint and self.refused_constraint in text:
+            raise InvalidRequestError(f"the engine refuses {self.refused_constraint!r}")
 
     async def check_health(self) -> None:
         if not self.healthy:

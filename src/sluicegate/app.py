@@ -96,6 +96,7 @@ def create_app(
                 settings.model_name,
                 wiring.request_limits(settings),
                 wiring.budget_policy(settings),
+                wiring.structured_limits(settings),
             )
             state = AppState(
                 engine=engine,

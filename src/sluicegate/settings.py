@@ -290,6 +290,40 @@ class Settings(BaseSettings):
         "such a connection is dropped.",
     )
 
+    # --- structured outputs ----------------------------------------------------------
+    structured_compact_whitespace: bool = Field(
+        default=True,
+        description="JSON grammars (`json_schema`, `json_object`) allow no whitespace between "
+        "tokens, so the model ends the JSON instead of padding it with blanks up to the token "
+        "limit. vLLM applies it engine-wide (its xgrammar backend).",
+    )
+    max_schema_bytes: int = Field(
+        default=32 * 1024,
+        ge=64,
+        description="Largest JSON schema accepted (`response_format.json_schema.schema`, "
+        "`structured_outputs.json`), in bytes of compact JSON. vLLM parses it on the event "
+        "loop for every request.",
+    )
+    max_schema_depth: int = Field(
+        default=32,
+        ge=2,
+        le=64,
+        description="Deepest nesting of objects and arrays in a JSON schema document (vLLM "
+        "refuses beyond 64; converting it grows steeply with depth).",
+    )
+    max_regex_length: int = Field(
+        default=4096, ge=1, description="Longest `structured_outputs.regex`, in characters."
+    )
+    max_grammar_bytes: int = Field(
+        default=32 * 1024, ge=16, description="Largest `structured_outputs.grammar`, in bytes."
+    )
+    max_choices: int = Field(
+        default=256, ge=1, description="Most strings in `structured_outputs.choice`."
+    )
+    max_choice_length: int = Field(
+        default=1024, ge=1, description="Longest string in `structured_outputs.choice`."
+    )
+
     # --- token budget ----------------------------------------------------------------
     truncation: Truncation = Field(
         default="auto",

@@ -24,6 +24,7 @@ from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
 from sluicegate.http.state import Timeouts
 from sluicegate.inference.budget import BudgetPolicy
 from sluicegate.inference.run import RequestLimits
+from sluicegate.inference.structured import StructuredLimits
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
 from sluicegate.quota.quotas import Quotas
 from sluicegate.quota.redis_limiter import RedisRateLimiter
@@ -46,6 +47,18 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_stop_sequences=settings.max_stop_sequences,
         max_stop_length=settings.max_stop_length,
         max_sequences=settings.max_sequences_per_request,
+    )
+
+
+def structured_limits(settings: Settings) -> StructuredLimits:
+    return StructuredLimits(
+        max_schema_bytes=settings.max_schema_bytes,
+        max_schema_depth=settings.max_schema_depth,
+        max_regex_length=settings.max_regex_length,
+        max_grammar_bytes=settings.max_grammar_bytes,
+        max_choices=settings.max_choices,
+        max_choice_length=settings.max_choice_length,
+        compact_whitespace=settings.structured_compact_whitespace,
     )
 
 
@@ -132,6 +145,7 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         scheduling_policy=settings.scheduling_policy,
         enforce_eager=settings.enforce_eager,
         cpu_kvcache_space_gib=settings.cpu_kvcache_space_gib,
+        structured_compact_whitespace=settings.structured_compact_whitespace,
     )
 
 

@@ -165,6 +165,11 @@ class EngineClient(Protocol):
         """
         ...
 
+    async def check_structured(self, structured: StructuredOutput) -> None:
+        """Raise `errors.InvalidRequestError` (its message only) if the engine would refuse
+        the constraint. May take milliseconds: the caller runs it once per new constraint."""
+        ...
+
     async def check_health(self) -> None:
         """Raise `errors.EngineUnavailableError` unless the engine can take requests."""
         ...

@@ -6,6 +6,7 @@ server builds it, and it is the one place where vLLM's exceptions become the gat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -59,6 +60,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     enforce_eager: bool | None = None
     cpu_kvcache_space_gib: int | None = None
+    structured_compact_whitespace: bool = True
+    """JSON grammars allow no free whitespace (vLLM applies this engine-wide: its xgrammar
+    backend ignores the per-request flag)."""
 
 
 def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
@@ -85,6 +89,14 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         "enforce_eager": enforce_eager,
         "disable_log_stats": False,
         "enable_log_requests": False,
+        # xgrammar alone, never vLLM's `auto` fallback to guidance or outlines: what xgrammar
+        # refuses is a 400 (see `VLLMEngine.check_structured`), and the engine core, which
+        # picks one backend for its whole life from the first constrained request, always
+        # gets xgrammar. It is also the backend on which compact whitespace works.
+        "structured_outputs_config": {
+            "backend": "xgrammar",
+            "disable_any_whitespace": config.structured_compact_whitespace,
+        },
     }
     if on_gpu:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
@@ -105,12 +117,17 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         on_gpu = cuda_available()
-        engine_args = AsyncEngineArgs(**engine_arguments(config, on_gpu))
+        arguments = engine_arguments(config, on_gpu)
+        arguments["structured_outputs_config"] = StructuredOutputsConfig(
+            **arguments["structured_outputs_config"]
+        )
+        engine_args = AsyncEngineArgs(**arguments)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         llm = AsyncLLM.from_vllm_config(
             vllm_config,
@@ -173,6 +190,32 @@ class VLLMEngine:
                 raise EngineUnavailableError() from exc
             raise
 
+    async def check_structured(self, structured: StructuredOutput) -> None:
+        """vLLM's own validation of the constraint (`SamplingParams.verify`, which its input
+        processor runs on every request: nesting, emptiness, and xgrammar parsing the schema,
+        regex or grammar), run here in a worker thread so that a refusal is known, and named,
+        before the request is admitted. xgrammar's parsers release the GIL."""
+        await asyncio.to_thread(self._verify_structured, structured)
+
+    def _verify_structured(self, structured: StructuredOutput) -> None:
+        from vllm.exceptions import VLLMValidationError
+
+        llm = self._llm
+        try:
+            params = _sampling_params(SamplingOptions(max_tokens=1, structured=structured))
+            params.verify(
+                llm.model_config,
+                llm.vllm_config.speculative_config,
+                llm.vllm_config.structured_outputs_config,
+                llm.tokenizer,
+            )
+        except VLLMValidationError as exc:
+            raise InvalidRequestError(_first_line(str(exc.args[0]))) from exc
+        except (ValueError, RuntimeError) as exc:
+            # xgrammar's parse errors are RuntimeErrors ("[time] file.cc:83: Regex parsing
+            # error at position 3: ..."); a NUL in a regex is a ValueError.
+            raise InvalidRequestError(_first_line(str(exc))) from exc
+
     async def check_health(self) -> None:
         if self._llm.errored:
             raise EngineUnavailableError()
@@ -215,6 +258,18 @@ def _structured_outputs(structured: StructuredOutput | None) -> Any:
         grammar=structured.grammar,
         disable_any_whitespace=structured.compact_whitespace,
     )
+
+
+def _first_line(message: str) -> str:
+    """An xgrammar message without its source location and trailing lines."""
+    line = message.strip().splitlines()[0] if message.strip() else message
+    marker = line.find(".cc:")
+    if marker >= 0:
+        rest = line[marker:].split(": ", 1)
+        line = (
+            line[: line.rfind("[", 0, marker)].rstrip() + " " + (rest[1] if len(rest) > 1 else "")
+        )
+    return line.strip()[:500]
 
 
 def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:

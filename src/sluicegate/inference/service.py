@@ -13,11 +13,22 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from sluicegate.engine.protocol import ChoiceDelta, EngineClient, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    EngineClient,
+    EngineStep,
+    SamplingOptions,
+    StructuredOutput,
+)
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import RequestLimits, Run
-from sluicegate.inference.telemetry import GenerationTelemetry
+from sluicegate.inference.structured import (
+    ConstraintCheck,
+    StructuredLimits,
+    requested_constraint,
+)
+from sluicegate.inference.telemetry import GenerationTelemetry, count_structured
 from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
@@ -51,10 +62,13 @@ class CompletionService:
         model_name: str,
         limits: RequestLimits | None = None,
         budget: BudgetPolicy | None = None,
+        structured: StructuredLimits | None = None,
     ):
         self._engine = engine
         self._model_name = model_name
         self._limits = limits or RequestLimits()
+        self._structured = structured or StructuredLimits()
+        self._constraints = ConstraintCheck(engine.check_structured)
         self._budget = TokenBudget(engine.tokenizer, engine.max_model_len, budget or BudgetPolicy())
         self._text_prefix: int | None = None
 
@@ -69,6 +83,7 @@ class CompletionService:
             )
         self._check_sampling(request)
         self._limits.check_sequences(1, request.n)
+        structured = await self._constraint(request)
         fitted = await self._budget.fit_chat(
             request.prompt_messages(),
             max_tokens=request.completion_limit(),
@@ -76,7 +91,7 @@ class CompletionService:
             truncation=request.truncation,
         )
         fmt = chat_format(self._model_name, request.include_usage)
-        options = self._options(request, fitted.max_tokens)
+        options = self._options(request, fitted.max_tokens, structured)
         return Run(
             fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
@@ -91,6 +106,7 @@ class CompletionService:
             )
         self._check_sampling(request)
         self._limits.check_sequences(len(batch), request.n)
+        structured = await self._constraint(request)
         as_text = isinstance(batch[0], str)
         fitted = await self._budget.fit_prompts(
             [await self._encode_prompt(p, request.truncation) for p in batch],
@@ -101,7 +117,7 @@ class CompletionService:
             keep_prefix=await self._text_prefix_length() if as_text else 0,
         )
         fmt = completion_format(self._model_name, request.include_usage)
-        options = self._options(request, fitted.max_tokens)
+        options = self._options(request, fitted.max_tokens, structured)
         return Run(
             fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
@@ -166,7 +182,20 @@ class CompletionService:
                 param="n",
             )
 
-    def _options(self, request: SamplingRequest, max_tokens: int) -> SamplingOptions:
+    async def _constraint(self, request: SamplingRequest) -> StructuredOutput | None:
+        """The request's structured-output constraint, checked (400 naming the parameter)."""
+        requested = requested_constraint(request, self._structured)
+        if requested is None:
+            return None
+        count_structured(requested.kind, await self._constraints.check(requested))
+        return requested.output
+
+    def _options(
+        self,
+        request: SamplingRequest,
+        max_tokens: int,
+        structured: StructuredOutput | None = None,
+    ) -> SamplingOptions:
         """The engine's sampling options; `max_tokens` is what the token budget gave."""
         return SamplingOptions(
             max_tokens=max_tokens,
@@ -183,6 +212,7 @@ class CompletionService:
             logprobs=request.logprobs_k(),
             ignore_eos=request.ignore_eos,
             min_tokens=request.min_tokens,
+            structured=structured,
         )
 
     # ---- running ------------------------------------------------------------------------

@@ -44,6 +44,22 @@ def _series(model: str) -> _Series:
     )
 
 
+def count_structured(kind: str, check_seconds: float) -> None:
+    """A request accepted with a structured-output constraint of `kind`; a check that ran
+    (not remembered) took `check_seconds`."""
+    metrics.STRUCTURED_OUTPUT_REQUESTS.labels(kind).inc()
+    if check_seconds:
+        metrics.STRUCTURED_OUTPUT_CHECK_SECONDS.observe(check_seconds)
+
+
+def output_type(options: SamplingOptions) -> str:
+    """GenAI's `gen_ai.output.type`: `json` under a JSON schema or JSON object constraint."""
+    structured = options.structured
+    if structured is not None and (structured.json is not None or structured.json_object):
+        return "json"
+    return "text"
+
+
 class GenerationTelemetry:
     """Use as `with GenerationTelemetry(...) as telemetry:` around the run's steps, calling
     `telemetry.step(prompt_index, step)` for each.
@@ -95,6 +111,7 @@ class GenerationTelemetry:
                     "gen_ai.request.temperature": options.temperature,
                     "gen_ai.request.top_p": options.top_p,
                     "gen_ai.request.choice.count": options.n,
+                    "gen_ai.output.type": output_type(options),
                     "gen_ai.usage.input_tokens": prompt_tokens,
                 }
             )

@@ -162,6 +162,23 @@ BUDGET_CLAMPED_MAX_TOKENS = Counter(
 )
 
 
+# ---- structured outputs (inference.structured) -----------------------------------------------
+STRUCTURED_OUTPUT_REQUESTS = Counter(
+    "sluicegate_structured_output_requests_total",
+    "Requests accepted with a structured-output constraint, by kind: json_schema, "
+    "json_object, regex, choice or grammar.",
+    ["kind"],
+)
+STRUCTURED_OUTPUT_CHECK_SECONDS = Histogram(
+    "sluicegate_structured_output_check_seconds",
+    "Time to check a new constraint before admission (JSON Schema, then vLLM's validation, "
+    "where xgrammar parses it), in a worker thread; constraints seen recently are not checked "
+    "again. The engine compiles the grammar later, in its own process, unobservable here: "
+    "that time is part of the time to first token.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+
+
 # ---- logs ----------------------------------------------------------------------------------
 class _LogRecordsDropped(Collector):
     """Read at scrape time from `observability.logs`, which must not import prometheus_client:
@@ -199,3 +216,5 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
 for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
     ADMISSION_REFUSED.labels(_reason)
+for _kind in ("json_schema", "json_object", "regex", "choice", "grammar"):
+    STRUCTURED_OUTPUT_REQUESTS.labels(_kind)

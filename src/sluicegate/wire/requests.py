@@ -125,6 +125,89 @@ class StreamOptions(_Model):
     include_usage: bool = False
 
 
+JsonValue = dict[str, Any]
+
+
+class JsonSchemaFormat(_Model):
+    """`response_format.json_schema`, OpenAI's shape. The schema itself is checked (size,
+    depth, JSON Schema, what the grammar engine supports) by `inference.structured`."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: JsonValue | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    """`response_format`: `text`, `json_object`, or `json_schema` with its `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a json_schema object")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(
+                f"json_schema is only accepted with type 'json_schema', not {self.type!r}"
+            )
+        return self
+
+
+class StructuredOutputsField(_Model):
+    """vLLM's `structured_outputs` extension: one constraint kind of `json` (a schema, as an
+    object or JSON text), `regex`, `choice`, `grammar` (EBNF or Lark) and `json_object`."""
+
+    json_: JsonValue | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # vLLM's options about whitespace and other backends: whitespace is a server setting
+    # here (`inference.structured` compares), the rest are refused when set.
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    @field_validator("regex", "grammar", "choice")
+    @classmethod
+    def _is_unicode(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is not None:
+            _check_field(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StructuredOutputsField:
+        for name in ("disable_additional_properties", "whitespace_pattern", "structural_tag"):
+            if getattr(self, name) not in (None, False):
+                raise ValueError(f"structured_outputs.{name} is not supported by this server")
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise ValueError(
+                "exactly one of json, regex, choice, grammar and json_object must be set "
+                f"(found: {found})"
+            )
+        if self.json_object is False:
+            raise ValueError("json_object must be true when set")
+        return self
+
+    def kinds(self) -> list[str]:
+        values = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object,
+        }
+        return [name for name, value in values.items() if value is not None]
+
+
 class SamplingRequest(_Model):
     """Fields shared by chat and text completions."""
 
@@ -153,6 +236,10 @@ class SamplingRequest(_Model):
     # sluicegate extension: fit a prompt that leaves too little room (see inference/budget.py).
     # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).
     truncation: Truncation | None = None
+    # Structured outputs (see inference/structured.py): OpenAI's `response_format`, and vLLM's
+    # `structured_outputs`, which vLLM's clients send (on both endpoints, as vLLM accepts).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
     @field_validator("stop")
     @classmethod
@@ -217,7 +304,6 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
 
@@ -237,13 +323,6 @@ class ChatCompletionRequest(SamplingRequest):
                 texts.append(message.name)
         if _lone_surrogate("".join(texts)):
             _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
         return value
 
     @field_validator("top_logprobs")

@@ -38,7 +38,11 @@ def test_text_parts_join_with_newlines() -> None:
         {"messages": [{"role": "user"}]},
         {"stop": ["ok", ""]},
         {"logit_bias": {"1": 2.0}},
-        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema"}},
+        {"response_format": {"type": "xml"}},
+        {"structured_outputs": {"regex": "a", "choice": ["a"]}},
+        {"structured_outputs": {}},
+        {"structured_outputs": {"structural_tag": "{}", "regex": "a"}},
         {"n": 1000},
     ],
 )
