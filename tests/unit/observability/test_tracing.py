@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -110,11 +111,28 @@ def test_generation_span_has_genai_attributes_and_a_first_token_event(
     assert attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     assert attributes["gen_ai.response.finish_reasons"] == ("stop", "stop")
+    assert attributes["gen_ai.output.type"] == "text"
     assert str(attributes["gen_ai.response.id"]).startswith("chatcmpl-")
     (event,) = generation.events
     assert event.name == "first_token"
     assert generation.start_time <= event.timestamp <= generation.end_time  # type: ignore[operator]
     assert generation.status.status_code is StatusCode.UNSET
+
+
+@pytest.mark.parametrize(
+    ("extra", "output_type"),
+    [
+        ({"response_format": {"type": "json_object"}}, "json"),
+        ({"structured_outputs": {"json": {"type": "object"}}}, "json"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "text"),
+    ],
+)
+def test_generation_span_names_the_output_type(
+    client: TestClient, spans: InMemorySpanExporter, extra: dict[str, Any], output_type: str
+) -> None:
+    assert client.post(CHAT, json=chat_body(**extra)).status_code == 200
+    generation = by_name(spans)[f"chat {FAKE_MODEL}"]
+    assert dict(generation.attributes or {})["gen_ai.output.type"] == output_type
 
 
 def test_text_completion_streams_get_a_text_completion_span(
