@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from sluicegate.engine.protocol import SamplingOptions
 from sluicegate.engine.vllm_engine import VLLMEngine
 
@@ -68,3 +70,66 @@ def test_vllm_takes_a_priority_per_request() -> None:
 
     parameter = inspect.signature(AsyncLLM.generate).parameters["priority"]
     assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default == 0
+
+
+def test_structured_outputs_run_on_xgrammar_with_the_whitespace_setting() -> None:
+    from sluicegate.engine.vllm_engine import EngineConfig, engine_arguments
+
+    for compact in (True, False):
+        config = EngineConfig(
+            model="m", served_model_name="m", structured_compact_whitespace=compact
+        )
+        assert engine_arguments(config, on_gpu=False)["structured_outputs_config"] == {
+            "backend": "xgrammar",
+            "disable_any_whitespace": compact,
+        }
+
+
+def test_xgrammar_messages_lose_their_native_source_location() -> None:
+    from sluicegate.engine.vllm_engine import _first_line
+
+    message = (
+        "Failed to transform regex into a grammar: [11:00:12] /project/cpp/regex_converter.cc:83:"
+        " Regex parsing error at position 3: Unclosed '['\n\nmore"
+    )
+    assert _first_line(message) == (
+        "Failed to transform regex into a grammar: Regex parsing error at position 3: Unclosed '['"
+    )
+    assert _first_line("The JSON schema is nested too deeply") == (
+        "The JSON schema is nested too deeply"
+    )
+
+
+async def test_the_structured_check_is_vllms_own_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`check_structured` runs vLLM's `SamplingParams.verify` with the engine's configs."""
+    from vllm.config import StructuredOutputsConfig
+
+    from sluicegate.engine.protocol import StructuredOutput
+    from sluicegate.errors import InvalidRequestError
+
+    seen: list[Any] = []
+
+    class Verifying(RecordingLLM):
+        model_config = SimpleNamespace()
+        vllm_config = SimpleNamespace(
+            speculative_config=None,
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar"),
+        )
+        tokenizer = object()
+
+    engine = VLLMEngine(Verifying(), tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
+    import vllm.sampling_params as sampling
+
+    def verify(self: Any, model_config: Any, spec: Any, so_config: Any, tok: Any) -> None:
+        seen.append((so_config.backend, self.structured_outputs.regex))
+        if self.structured_outputs.regex == "a[":
+            raise sampling.VLLMValidationError("Failed to transform regex into a grammar: bad")
+
+    monkeypatch.setattr(sampling.SamplingParams, "verify", verify)
+    await engine.check_structured(StructuredOutput(regex="ab"))
+    with pytest.raises(InvalidRequestError) as caught:
+        await engine.check_structured(StructuredOutput(regex="a["))
+    assert caught.value.message == "Failed to transform regex into a grammar: bad"
+    assert seen == [("xgrammar", "ab"), ("xgrammar", "a[")]
