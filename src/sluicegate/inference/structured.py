@@ -171,11 +171,31 @@ def _schema(value: dict[str, Any] | str, param: str, limits: StructuredLimits) -
         raise _too_large(param, limits)
     # ASCII only: a lone surrogate inside a string becomes an escape the checks refuse,
     # instead of text that cannot be encoded.
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(canonical(value), separators=(",", ":"), ensure_ascii=True)
     if len(text) > limits.max_schema_bytes:
         raise _too_large(param, limits)
     output = StructuredOutput(json=text, compact_whitespace=limits.compact_whitespace)
     return Requested(output, "json_schema", param, value)
+
+
+def canonical(schema: Any) -> Any:
+    """`schema` with the keys of every object sorted, except the members of `properties`: the
+    grammar generates an object's properties in that order (as OpenAI's models do), so it is
+    part of what the schema asks for (a `reasoning` field before an `answer` one)."""
+    return _canonical(schema, keep_order=False)
+
+
+def _canonical(node: Any, keep_order: bool) -> Any:
+    if isinstance(node, dict):
+        keys = list(node) if keep_order else sorted(node)
+        # A schema's `properties` is a map of names to schemas: its order is kept; every
+        # other object (schemas, `$defs`, `const` and `enum` values) is sorted.
+        return {
+            k: _canonical(node[k], keep_order=not keep_order and k == "properties") for k in keys
+        }
+    if isinstance(node, list):
+        return [_canonical(item, keep_order=False) for item in node]
+    return node
 
 
 def _too_large(param: str, limits: StructuredLimits) -> InvalidRequestError:

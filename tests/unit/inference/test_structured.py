@@ -62,13 +62,17 @@ def test_json_schema_becomes_canonical_text(strict: bool | None) -> None:
     assert requested is not None
     assert requested.kind == "json_schema"
     assert requested.param == "response_format.json_schema.schema"
-    assert requested.output.json == json.dumps(SCHEMA, sort_keys=True, separators=(",", ":"))
+    # Keys sorted, but the properties keep their order (b, then a): the output follows it.
+    assert requested.output.json == (
+        '{"properties":{"b":{"type":"integer"},"a":{"type":"string"}},'
+        '"required":["a","b"],"type":"object"}'
+    )
     assert requested.output.compact_whitespace is True
 
 
 def test_equal_schemas_in_any_key_order_or_field_give_equal_constraints() -> None:
-    reordered = {"required": ["a", "b"], "properties": {"a": {"type": "string"},
-                 "b": {"type": "integer"}}, "type": "object"}  # fmt: skip
+    reordered = {"required": ["a", "b"], "type": "object", "properties": {
+                 "b": {"type": "integer"}, "a": {"type": "string"}}}  # fmt: skip
     a = requested_constraint(chat(response_format=json_schema(SCHEMA)), LIMITS)
     b = requested_constraint(chat(response_format=json_schema(reordered)), LIMITS)
     c = requested_constraint(chat(structured_outputs={"json": json.dumps(reordered)}), LIMITS)
@@ -76,6 +80,27 @@ def test_equal_schemas_in_any_key_order_or_field_give_equal_constraints() -> Non
     assert a is not None and b is not None and c is not None and d is not None
     assert a.output == b.output == c.output == d.output
     assert c.param == "structured_outputs.json"
+
+
+def test_the_order_of_properties_is_part_of_the_constraint() -> None:
+    swapped = {**SCHEMA, "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+    a = requested_constraint(chat(response_format=json_schema(SCHEMA)), LIMITS)
+    b = requested_constraint(chat(response_format=json_schema(swapped)), LIMITS)
+    assert a is not None and b is not None and a.output != b.output
+
+
+def test_nested_properties_keep_their_order_and_a_property_may_be_named_properties() -> None:
+    inner = {"y": {"type": "string"}, "properties": {"type": "integer", "minimum": 0}}
+    schema = {
+        "type": "object",
+        "properties": {"z": {"type": "object", "properties": inner}, "a": {}},
+    }
+    requested = requested_constraint(chat(structured_outputs={"json": schema}), LIMITS)
+    assert requested is not None
+    assert requested.output.json == (
+        '{"properties":{"z":{"properties":{"y":{"type":"string"},'
+        '"properties":{"minimum":0,"type":"integer"}},"type":"object"},"a":{}},"type":"object"}'
+    )
 
 
 @pytest.mark.parametrize(
