@@ -51,6 +51,7 @@ serve: install
 test: install $(DEV_STAMP)
 	bash scripts/ensure-redis.sh
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-chromium.sh
 	$(PY) -m pytest
 
 unit: $(DEV_STAMP)

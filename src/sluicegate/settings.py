@@ -7,7 +7,9 @@ A bad value stops start-up with a message that names the setting (see `describe_
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +31,7 @@ from sluicegate.observability.logs import LogFormat
 from sluicegate.wire.requests import MAX_N, Overflow, Truncation
 
 # Settings whose values must never be echoed, not even in an error message.
+_ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url"})
 ENV_PREFIX = "SLUICEGATE_"
 
@@ -130,6 +133,19 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
+    )
+
+    # --- browsers ---------------------------------------------------------------------
+    cors_allow_origins: str = Field(
+        default="",
+        description="Comma-separated origins (`https://app.example.com`) whose pages may call "
+        "the API from a browser; `*` allows any. Empty: CORS off, browsers block other "
+        "origins' pages.",
+    )
+    playground: bool | None = Field(
+        default=None,
+        description="Serve the streaming playground page at /playground. Unset: on when "
+        "HOST is a loopback address, off otherwise.",
     )
 
     # --- redis and rate limits -------------------------------------------------------
@@ -363,6 +379,17 @@ class Settings(BaseSettings):
             ApiKeyring.parse(value.get_secret_value())  # raises ApiKeyError (a ValueError)
         return value
 
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins_parse(cls, value: str) -> str:
+        for origin in (o.strip() for o in value.split(",")):
+            if origin and origin != "*" and not _ORIGIN.fullmatch(origin.rstrip("/")):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port], "
+                    "as a browser sends it in the Origin header"
+                )
+        return value
+
     @model_validator(mode="after")
     def _check_ranges(self) -> Settings:
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -380,6 +407,21 @@ class Settings(BaseSettings):
                 f"({self.budget_min_completion_tokens} >= {self.max_model_len})"
             )
         return self
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [o.strip().rstrip("/") for o in self.cors_allow_origins.split(",") if o.strip()]
+
+    @property
+    def playground_enabled(self) -> bool:
+        if self.playground is not None:
+            return self.playground
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name
+            return False
 
     @property
     def model_name(self) -> str:

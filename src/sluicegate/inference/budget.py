@@ -44,6 +44,17 @@ class BudgetPolicy:
     completion_truncation: Truncation = "disabled"
 
 
+BUDGET_HEADERS = (
+    "X-Budget-Prompt-Tokens-Before",
+    "X-Budget-Prompt-Tokens-After",
+    "X-Budget-Messages-Dropped",
+    "X-Budget-Truncation",
+    "X-Budget-Max-Tokens",
+    "X-Budget-Max-Tokens-Source",
+)
+"""The headers that say what the token budget did (`BudgetReport.headers`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetReport:
     """What the budget did to a request; for a batch of prompts, token counts are sums."""
@@ -60,14 +71,15 @@ class BudgetReport:
         return bool(self.steps)
 
     def headers(self) -> dict[str, str]:
-        return {
-            "X-Budget-Prompt-Tokens-Before": str(self.prompt_tokens_before),
-            "X-Budget-Prompt-Tokens-After": str(self.prompt_tokens_after),
-            "X-Budget-Messages-Dropped": str(self.messages_dropped),
-            "X-Budget-Truncation": ",".join(self.steps) or "none",
-            "X-Budget-Max-Tokens": str(self.max_tokens),
-            "X-Budget-Max-Tokens-Source": self.max_tokens_source,
-        }
+        values = (
+            self.prompt_tokens_before,
+            self.prompt_tokens_after,
+            self.messages_dropped,
+            ",".join(self.steps) or "none",
+            self.max_tokens,
+            self.max_tokens_source,
+        )
+        return {name: str(value) for name, value in zip(BUDGET_HEADERS, values, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)
