@@ -106,3 +106,40 @@ def test_an_error_is_shown_as_its_openai_message(page: webdriver.Chrome) -> None
     set_field(page, "temperature", "0")
     assert "temperature" in text(page, "error")
     assert text(page, "output") == ""
+
+
+PARSE_CHUNKS = """
+const [chunks, done] = arguments;
+const body = new ReadableStream({
+  start(controller) {
+    for (const chunk of chunks) controller.enqueue(Uint8Array.from(chunk));
+    controller.close();
+  },
+});
+const seen = [];
+readEvents(body, (data) => { seen.push(data); return data === "[DONE]"; })
+  .then(() => done(seen), (err) => done([`failed: ${err}`]));
+"""
+
+
+def test_the_page_parses_events_split_anywhere(page: webdriver.Chrome) -> None:
+    stream = (
+        'data: {"a":"caf\u00e9"}\r\n\r\n'
+        ": a comment\n"
+        'data: {"b":\ndata: 2}\n\n'
+        'data: {"error":{"message":"late"}}\r\r'
+        "data: [DONE]\n\n"
+        "data: after the end\n\n"
+    )
+    # Cut the UTF-8 bytes everywhere, a multi-byte character and CRLFs included: the parser
+    # sees the same events whatever the network's chunks were.
+    raw = stream.encode()
+    for size in (1, 2, 3, 7):
+        chunks = [list(raw[i : i + size]) for i in range(0, len(raw), size)]
+        seen = page.execute_async_script(PARSE_CHUNKS, chunks)
+        assert seen == [
+            '{"a":"café"}',
+            '{"b":\n2}',
+            '{"error":{"message":"late"}}',
+            "[DONE]",
+        ], size
