@@ -221,8 +221,9 @@ def test_sdk_conversation_with_tool_calls_and_tool_result(client: OpenAI, model:
     message = reply.choices[0].message
     assert message.role == "assistant"
     assert not message.tool_calls
-    assert isinstance(message.content, str) and message.content.strip()
-    assert reply.usage is not None and reply.usage.prompt_tokens > 40
+    assert isinstance(message.content, str)
+    # The tool's result reached the model: SmolLM2 (greedy) repeats it.
+    assert "sunny" in message.content or "21" in message.content, message.content
 
 
 def test_sdk_logit_bias(client: OpenAI, model: str, tokenizer: Any) -> None:
