@@ -39,8 +39,15 @@ def js_results(base_url: str, model: str) -> dict[str, Any]:
     return results
 
 
+def result(js_results: dict[str, Any], call: str) -> dict[str, Any]:
+    outcome: dict[str, Any] = js_results[call]
+    assert "error" not in outcome, outcome["error"]
+    return outcome
+
+
 def test_js_stream_chat_completion(js_results: dict[str, Any]) -> None:
-    stream = js_results["stream"]
+    stream = result(js_results, "stream")
+    whole = result(js_results, "whole")
     assert stream["content_chunks"] > 1, "the content arrives in several chunks"
     assert stream["chunks"] > stream["content_chunks"], "a last chunk carries finish_reason"
     assert stream["objects"] == ["chat.completion.chunk"]
@@ -49,11 +56,11 @@ def test_js_stream_chat_completion(js_results: dict[str, Any]) -> None:
     assert stream["finish_reason"] in ("length", "stop")
     assert stream["text"].strip()
     # Greedy: the stream says what the same request answers whole.
-    assert stream["text"] == js_results["whole"]["text"]
-    assert stream["finish_reason"] == js_results["whole"]["finish_reason"]
+    assert stream["text"] == whole["text"]
+    assert stream["finish_reason"] == whole["finish_reason"]
 
 
 def test_js_json_object(js_results: dict[str, Any]) -> None:
-    reply = js_results["json_object"]
+    reply = result(js_results, "json_object")
     assert reply["finish_reason"] == "stop"
     assert isinstance(json.loads(reply["content"]), dict)

@@ -1,6 +1,7 @@
 // The openai JS SDK against an OpenAI-compatible server (tests/integration/test_js_client.py).
 // Env: SLUICEGATE_BASE_URL (the server's root, without /v1) and SLUICEGATE_MODEL.
-// Prints one JSON object with what each call returned; the Python test asserts on it.
+// Prints one JSON object with what each call returned (or its error); the Python test asserts
+// on it.
 import OpenAI from "openai";
 
 const baseURL = `${process.env.SLUICEGATE_BASE_URL}/v1`;
@@ -63,9 +64,18 @@ async function jsonObject() {
   };
 }
 
+// Each call on its own: one that fails is reported, and the others still run.
+async function attempt(call) {
+  try {
+    return await call();
+  } catch (error) {
+    return { error: String(error) };
+  }
+}
+
 const result = {
-  stream: await streamChat(),
-  whole: await wholeChat(),
-  json_object: await jsonObject(),
+  stream: await attempt(streamChat),
+  whole: await attempt(wholeChat),
+  json_object: await attempt(jsonObject),
 };
 console.log(JSON.stringify(result));
