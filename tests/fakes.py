@@ -15,7 +15,13 @@ from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 
 from sluicegate.app import create_app
-from sluicegate.engine.protocol import ChatEncoding, ChoiceDelta, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import (
+    ChatEncoding,
+    ChoiceDelta,
+    EngineStep,
+    SamplingOptions,
+    Tokenized,
+)
 from sluicegate.errors import EngineUnavailableError, GatewayError
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
@@ -41,6 +47,24 @@ class WhitespaceTokenizer:
 
     async def count(self, texts: Sequence[str]) -> list[int]:
         return [len(t.split()) for t in texts]
+
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        words = text.split()
+        return Tokenized([len(w) for w in words], words if with_strings else None)
+
+    async def render_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        return " ".join(m["role"] + " " + m["content"] for m in messages)
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """Each id as a word of that many letters (what `encode` counted)."""
+        return " ".join("x" * i for i in token_ids)
 
 
 @dataclass

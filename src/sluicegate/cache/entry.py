@@ -27,7 +27,7 @@ class _Strict(BaseModel):
 
 class _Logprob(_Strict):
     token: str
-    logprob: float
+    logprob: float | None
     top: list[tuple[str, float]] = Field(default_factory=list)
 
 
