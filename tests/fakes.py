@@ -21,6 +21,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     SamplingOptions,
     Tokenized,
+    TokenLogprob,
 )
 from sluicegate.errors import EngineUnavailableError, GatewayError
 from sluicegate.lifecycle import Lifecycle
@@ -113,11 +114,22 @@ class FakeEngine:
                     reason = "length" if len(words) == options.max_tokens else "stop"
                 yield EngineStep(
                     choices=[
-                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=reason)
+                        ChoiceDelta(
+                            index=i,
+                            text=word,
+                            num_tokens=1,
+                            finish_reason=reason,
+                            logprobs=None
+                            if options.logprobs is None
+                            else [TokenLogprob(word, -0.5, (("alt", -1.5),) * options.logprobs)],
+                        )
                         for i in range(options.n)
                     ],
                     prompt_tokens=len(prompt_token_ids),
                     finished=last,
+                    prompt_logprobs=_prompt_logprobs(prompt_token_ids, options)
+                    if position == 0
+                    else None,
                 )
         finally:
             self.active.discard(request_id)
@@ -128,6 +140,17 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         self.healthy = False
+
+
+def _prompt_logprobs(
+    prompt_token_ids: list[int], options: SamplingOptions
+) -> list[TokenLogprob | None] | None:
+    """Like vLLM's: None for the first token; each other id `i` is the word of `i` x's."""
+    k = options.prompt_logprobs
+    if k is None:
+        return None
+    rest = [TokenLogprob(" " + "x" * i, -float(i), (("alt", -9.0),) * k) for i in prompt_token_ids]
+    return [None, *rest[1:]]
 
 
 FAKE_MODEL = "fake-model"

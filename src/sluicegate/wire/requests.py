@@ -40,6 +40,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
 
 
+RequestModel = _Model
+"""The base of request models in other modules (`wire.tokenize`)."""
+
+
 # JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
 # code point, so any surrogate left in a parsed string is a lone one. Such text cannot be
 # encoded: the tokenizer, the cache and every JSON answer that echoes it would fail.
@@ -79,7 +83,7 @@ def _refuse(loc: Loc, text: str) -> NoReturn:
     )
 
 
-def _check_field(value: str | list[str]) -> None:
+def check_text(value: str | list[str]) -> None:
     if isinstance(value, str):
         _check_texts([value], lambda _: ())
     else:
@@ -173,6 +177,33 @@ class ChatMessage(_Model):
         return "\n".join(part.value for part in self.content)
 
 
+def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Refuse a conversation holding a lone surrogate, naming where."""
+    # One check over the whole conversation (a validator per message would cost more than
+    # the check); only a refused one is walked again to say where.
+    texts: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            texts.append(content)
+        elif content is not None:
+            texts += [part.value for part in content]
+        if message.name is not None:
+            texts.append(message.name)
+    if _lone_surrogate("".join(texts)):
+        _refuse(*next(found for i, m in enumerate(messages) for found in m.refused_texts(i)))
+    return messages
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template takes them (`developer` is OpenAI's newer name for
+    `system`)."""
+    return [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in messages
+    ]
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
 
@@ -212,14 +243,14 @@ class SamplingRequest(_Model):
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("model", "user")
     @classmethod
     def _is_unicode(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("logit_bias")
@@ -288,20 +319,7 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("messages")
     @classmethod
     def _messages_are_unicode(cls, value: list[ChatMessage]) -> list[ChatMessage]:
-        # One check over the whole conversation (a validator per message would cost more than
-        # the check); only a refused one is walked again to say where.
-        texts: list[str] = []
-        for message in value:
-            content = message.content
-            if isinstance(content, str):
-                texts.append(content)
-            elif content is not None:
-                texts += [part.value for part in content]
-            if message.name is not None:
-                texts.append(message.name)
-        if _lone_surrogate("".join(texts)):
-            _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
-        return value
+        return check_messages(value)
 
     @field_validator("response_format")
     @classmethod
@@ -321,12 +339,7 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
     def prompt_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (`developer` is OpenAI's newer name
-        for `system`)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        return template_messages(self.messages)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -389,7 +402,7 @@ class CompletionRequest(SamplingRequest):
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
         if isinstance(value, str) or isinstance(value[0], str):  # texts are never mixed with ids
-            _check_field(value)
+            check_text(value)
         return value
 
     def logprobs_k(self) -> int | None:
