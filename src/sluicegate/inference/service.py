@@ -134,10 +134,17 @@ class CompletionService:
         """What `echo` puts first: the prompt text as sent (as vLLM's server does), or the
         ids the engine gets, detokenized, when they were sent as ids or cut to fit."""
         tokenizer = self._engine.tokenizer
-        texts = []
+        texts: list[str] = []
         for sent, ids, kept in zip(batch, encoded, fitted, strict=True):
-            uncut = kept is ids
-            texts.append(sent if isinstance(sent, str) and uncut else await tokenizer.decode(kept))
+            # Cut before tokenizing (too many characters), or after (too many tokens)?
+            if (
+                isinstance(sent, str)
+                and kept is ids
+                and self._budget.bound_text(sent, "auto") is sent
+            ):
+                texts.append(sent)
+            else:
+                texts.append(await tokenizer.decode(kept))
         firsts = [await tokenizer.decode(ids[:1]) for ids in fitted]
         return Echo(tuple(texts), tuple(firsts), scores_only)
 

@@ -169,3 +169,14 @@ async def test_bad_logit_bias_is_a_400_naming_it(
         response = await http.post(path, json=body)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "logit_bias"
+
+
+async def test_a_cut_prompt_echoes_what_the_engine_got(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    body = completion(prompt="a " * 300, max_tokens=1, echo=True, truncation="auto")
+    response = await post(http, body)
+    assert response.status_code == 200, response.text
+    kept = engine.requests[-1][1]
+    assert len(kept) < 300
+    assert response.json()["choices"][0]["text"] == " ".join("x" for _ in kept) + "Hi"
