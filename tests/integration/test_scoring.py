@@ -93,6 +93,16 @@ def test_lm_eval_loglikelihood_matches_the_greedy_continuation(base_url: str, mo
     assert is_greedy
     # Prefill and decode compute the same logprob, up to float32 rounding.
     assert math.isclose(loglikelihood, generated_logprob, abs_tol=1e-2)
+    # With logprobs 0 (lm-eval's other setting) each position still lists its own token, as
+    # OpenAI's legacy API and vLLM's server do, so the harness's `max(top_logprobs)` works.
+    bare = completion(
+        base_url, model=model, prompt=CONTEXT + continuation, max_tokens=0, echo=True, logprobs=0
+    )["choices"][0]["logprobs"]
+    assert bare["tokens"] == scored["tokens"]
+    assert bare["top_logprobs"][1:] == [
+        {token: logprob}
+        for token, logprob in zip(bare["tokens"][1:], bare["token_logprobs"][1:], strict=True)
+    ]
 
 
 def test_streamed_echo_equals_non_streamed(base_url: str, model: str) -> None:

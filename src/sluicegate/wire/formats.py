@@ -211,6 +211,10 @@ def _completion_logprobs(entries: list[TokenLogprob], start_offset: int) -> Comp
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [None if e.logprob is None else dict(e.top) for e in entries],
+        # As OpenAI's legacy API and vLLM's server: the sampled token is always among them
+        # (up to k + 1 entries), so `logprobs: 0` still names each token's logprob.
+        "top_logprobs": [
+            None if e.logprob is None else {e.token: e.logprob, **dict(e.top)} for e in entries
+        ],
         "text_offset": offsets,
     }
