@@ -61,7 +61,8 @@ class SamplingOptions:
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: float | None
+    """None only for a prompt's first token, which nothing predicts (completions `echo`)."""
     top: tuple[tuple[str, float], ...] = ()
 
 
@@ -112,6 +113,12 @@ class ChatEncoding:
             object.__setattr__(self, "length", len(self.ids))
 
 
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    ids: list[int]
+    strings: list[str] | None = None
+
+
 class PromptTokenizer(Protocol):
     """Turns requests into the token ids the engine receives."""
 
@@ -135,6 +142,26 @@ class PromptTokenizer(Protocol):
 
     async def encode(self, text: str) -> list[int]:
         """Tokenize plain text, the way the engine would for a completion prompt."""
+        ...
+
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        """Tokenize text (`/tokenize`): its ids, and with `with_strings` each id's token
+        string as the vocabulary spells it."""
+        ...
+
+    async def render_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The chat template applied to the messages, as text."""
+        ...
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids (special tokens kept), as vLLM's server detokenizes."""
         ...
 
 

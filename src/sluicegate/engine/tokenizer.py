@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding, Tokenized
 from sluicegate.lru import BoundedLRU
 
 T = TypeVar("T")
@@ -82,16 +82,56 @@ class HFPromptTokenizer:
         size = sum(len(t) for t in texts) + MESSAGE_WEIGHT_CHARS * len(texts)
         return await self._run(size, self._count_sync, texts)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return str(self._tokenizer.decode(token_ids))
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        return await self._run(
+            len(text), self._tokenize_sync, text, add_special_tokens, with_strings
+        )
+
+    async def render_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        return await self._run(
+            _chat_size(messages),
+            self._render,
+            messages,
+            add_generation_prompt,
+            continue_final_message,
+        )
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        # Decoding costs about what encoding does per token; a token is a few characters.
+        return await self._run(4 * len(token_ids), self._decode_sync, token_ids)
+
+    def _decode_sync(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    def _tokenize_sync(self, text: str, add_special_tokens: bool, with_strings: bool) -> Tokenized:
+        ids = list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        strings = None
+        if with_strings:
+            strings = [str(s) for s in self._tokenizer.convert_ids_to_tokens(ids)]
+        return Tokenized(ids, strings)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _render(self, messages: Sequence[dict[str, str]]) -> str:
+    def _render(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
         return str(
             self._tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
             )
         )
 

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -155,12 +155,21 @@ class VLLMEngine:
             stream = self._llm.generate(prompt, params, request_id, priority=priority)
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
+            scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
             async with contextlib.aclosing(stream):
                 async for output in stream:
+                    prompt_ids = output.prompt_token_ids or ()
+                    prompt_logprobs = None
+                    if options.prompt_logprobs is not None and output.prompt_logprobs:
+                        prompt_logprobs = _prompt_logprobs(
+                            prompt_ids[scored:], output.prompt_logprobs, options.prompt_logprobs
+                        )
+                        scored += len(prompt_logprobs)
                     yield EngineStep(
                         choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
-                        prompt_tokens=len(output.prompt_token_ids or ()),
+                        prompt_tokens=len(prompt_ids),
                         finished=output.finished,
+                        prompt_logprobs=prompt_logprobs,
                     )
         except EngineDeadError as exc:
             raise EngineUnavailableError() from exc
@@ -232,6 +241,16 @@ def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
         finish_reason=finish,
         logprobs=logprobs,
     )
+
+
+def _prompt_logprobs(
+    token_ids: Sequence[int], positions: Sequence[Any], top_k: int
+) -> list[TokenLogprob | None]:
+    """vLLM's prompt logprobs: None for the first prompt token, which nothing predicts."""
+    return [
+        None if position is None else _token_logprob(token_id, position, top_k)
+        for token_id, position in zip(token_ids, positions, strict=False)
+    ]
 
 
 # JSON has no -inf; OpenAI-compatible servers report impossible tokens as -9999.

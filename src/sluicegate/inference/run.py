@@ -11,6 +11,23 @@ from sluicegate.wire.formats import ResponseFormat
 
 
 @dataclass(frozen=True, slots=True)
+class Echo:
+    """Completions `echo`: each choice's text starts with its prompt's."""
+
+    texts: tuple[str, ...]
+    """Each prompt's text: as sent, or its ids detokenized (token prompts, cut prompts)."""
+    first_tokens: tuple[str, ...]
+    """Each prompt's first token as text (the one prompt token without a logprob)."""
+    scores_only: bool = False
+    """`max_tokens` 0: the prompt is the whole answer; the one token the engine has to
+    generate is dropped (and not counted), as vLLM's server does."""
+
+    def key(self) -> list[object]:
+        """What the echo adds to a response, for the cache key."""
+        return [list(self.texts), self.scores_only]
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """A request ready for the engine: tokenized prompts plus filled-in sampling options."""
 
@@ -24,6 +41,7 @@ class Run:
     budget: BudgetReport | None = None
     priority: int = 0
     """The engine priority (vLLM runs lower values first; 0 unless scheduling is fair)."""
+    echo: Echo | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"

@@ -37,6 +37,8 @@ class ChoiceState:
     logprob_counts: list[int] | None = None
     num_tokens: int = 0
     text_length: int = 0
+    token_text_length: int = 0
+    """The length of the token strings reported with logprobs (where offsets continue)."""
     finish_reason: str | None = None
     retain: bool = True
 
@@ -47,6 +49,8 @@ class ChoiceState:
     def add(self, delta: ChoiceDelta) -> None:
         self.text_length += len(delta.text)
         self.num_tokens += delta.num_tokens
+        if delta.logprobs:
+            self.token_text_length += sum(len(e.token) for e in delta.logprobs)
         if not self.retain:
             return
         self.text_parts.append(delta.text)

@@ -19,15 +19,16 @@ from sluicegate.wire.completion import ChoiceState, Completion, Usage
 
 class ChatLogprobEntry(TypedDict):
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int]
     top_logprobs: list[dict[str, Any]]
 
 
 class CompletionLogprobs(TypedDict):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    """None for an echoed prompt's first token, which nothing predicts."""
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -143,8 +144,10 @@ class CompletionFormat(_Envelope):
     def delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]:
         logprobs = None
         if delta.logprobs is not None:
-            # Offsets continue from the text this choice streamed before this delta.
-            logprobs = _completion_logprobs(delta.logprobs, state.text_length - len(delta.text))
+            # Offsets continue from the tokens this choice reported before this delta (as in
+            # vLLM's server: text held back for stop strings lags the tokens).
+            start = state.token_text_length - sum(len(e.token) for e in delta.logprobs)
+            logprobs = _completion_logprobs(delta.logprobs, start)
         choice = {
             "index": delta.index,
             "text": delta.text,
@@ -208,6 +211,10 @@ def _completion_logprobs(entries: list[TokenLogprob], start_offset: int) -> Comp
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
+        # As OpenAI's legacy API and vLLM's server: the sampled token is always among them
+        # (up to k + 1 entries), so `logprobs: 0` still names each token's logprob.
+        "top_logprobs": [
+            None if e.logprob is None else {e.token: e.logprob, **dict(e.top)} for e in entries
+        ],
         "text_offset": offsets,
     }

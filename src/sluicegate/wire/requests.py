@@ -28,6 +28,8 @@ INT32_MAX = 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
+"""Entries one `logit_bias` may hold (each is a row of vLLM's bias tensor, per sequence)."""
 Truncation = Literal["auto", "disabled"]
 """Whether a prompt that leaves too little room is truncated (see `inference.budget`)."""
 Overflow = Literal["clamp", "error"]
@@ -36,6 +38,10 @@ Overflow = Literal["clamp", "error"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
+
+
+RequestModel = _Model
+"""The base of request models in other modules (`wire.tokenize`)."""
 
 
 # JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
@@ -77,22 +83,72 @@ def _refuse(loc: Loc, text: str) -> NoReturn:
     )
 
 
-def _check_field(value: str | list[str]) -> None:
+def check_text(value: str | list[str]) -> None:
     if isinstance(value, str):
         _check_texts([value], lambda _: ())
     else:
         _check_texts(value)
 
 
-class TextPart(_Model):
-    type: Literal["text"]
-    text: str
+TEXT_ONLY = (
+    "this model takes text only: content parts of type '{type}' are not supported "
+    "(send 'text' parts)"
+)
+
+
+class ContentPart(_Model):
+    """One part of a message's content. Only text reaches this text-only model: `text` parts,
+    and in assistant messages `refusal` parts (read as their text, as vLLM's server does).
+    Any other type (`image_url`, `input_audio`, `file`, ...) is refused by `ChatMessage`."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @property
+    def value(self) -> str:
+        return (self.text if self.type == "text" else self.refusal) or ""
+
+    @property
+    def field(self) -> str:
+        """The field holding the part's text."""
+        return "text" if self.type == "text" else "refusal"
+
+
+def _part_error(loc: Loc, kind: str, message: str, **context: str) -> NoReturn:
+    error = PydanticCustomError(kind, message, dict(context))
+    raise ValidationError.from_exception_data(
+        "content", [InitErrorDetails(type=error, loc=loc, input=None)]
+    )
 
 
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(
+        cls, value: str | list[ContentPart] | None, info: ValidationInfo
+    ) -> str | list[ContentPart] | None:
+        if not isinstance(value, list):
+            return value
+        role = info.data.get("role")
+        for j, part in enumerate(value):
+            if part.type == "refusal" and role != "assistant":
+                _part_error(
+                    (j,),
+                    "unsupported_content",
+                    "refusal parts are only allowed in assistant messages",
+                )
+            if part.type not in ("text", "refusal"):
+                _part_error((j,), "unsupported_content", TEXT_ONLY, type=part.type)
+            if getattr(part, part.field) is None:
+                _part_error(
+                    (j, part.field), "missing", f"a '{part.type}' part needs '{part.field}'"
+                )
+        return value
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
@@ -108,7 +164,7 @@ class ChatMessage(_Model):
         if isinstance(content, str):
             located.append(((index, "content"), content))
         elif content is not None:
-            located += [((index, "content", j, "text"), p.text) for j, p in enumerate(content)]
+            located += [((index, "content", j, p.field), p.value) for j, p in enumerate(content)]
         if self.name is not None:
             located.append(((index, "name"), self.name))
         return [(loc, text) for loc, text in located if _lone_surrogate(text)]
@@ -118,7 +174,34 @@ class ChatMessage(_Model):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.value for part in self.content)
+
+
+def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Refuse a conversation holding a lone surrogate, naming where."""
+    # One check over the whole conversation (a validator per message would cost more than
+    # the check); only a refused one is walked again to say where.
+    texts: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            texts.append(content)
+        elif content is not None:
+            texts += [part.value for part in content]
+        if message.name is not None:
+            texts.append(message.name)
+    if _lone_surrogate("".join(texts)):
+        _refuse(*next(found for i, m in enumerate(messages) for found in m.refused_texts(i)))
+    return messages
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template takes them (`developer` is OpenAI's newer name for
+    `system`)."""
+    return [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in messages
+    ]
 
 
 class StreamOptions(_Model):
@@ -160,22 +243,34 @@ class SamplingRequest(_Model):
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("model", "user")
     @classmethod
     def _is_unicode(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> None:
-        if value:
-            raise ValueError("logit_bias is not supported")
-        return None
+    def _logit_bias_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        # Ids within the vocabulary are checked by the service, which knows its size.
+        if not value:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids may be biased")
+        for key, bias in value.items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 18:
+                raise ValueError(f"keys must be token ids (non-negative integers), not {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], not {bias} (token {key})")
+        return value
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """The bias as (token id, bias) pairs, in id order (so equal biases key alike)."""
+        return tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items()))
 
     @field_validator("stream_options")
     @classmethod
@@ -224,20 +319,7 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("messages")
     @classmethod
     def _messages_are_unicode(cls, value: list[ChatMessage]) -> list[ChatMessage]:
-        # One check over the whole conversation (a validator per message would cost more than
-        # the check); only a refused one is walked again to say where.
-        texts: list[str] = []
-        for message in value:
-            content = message.content
-            if isinstance(content, str):
-                texts.append(content)
-            elif content is not None:
-                texts += [part.text for part in content]
-            if message.name is not None:
-                texts.append(message.name)
-        if _lone_surrogate("".join(texts)):
-            _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
-        return value
+        return check_messages(value)
 
     @field_validator("response_format")
     @classmethod
@@ -257,12 +339,7 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
     def prompt_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (`developer` is OpenAI's newer name
-        for `system`)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        return template_messages(self.messages)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -273,19 +350,51 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
+    # 0 only with `echo`: the prompt is scored, nothing is generated (see `_zero_max_tokens`).
+    max_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
 
-    _unsupported = field_validator("echo", "suffix")(_refuse_if_set)
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> None:
+        if value:
+            raise ValueError(
+                "suffix is not supported by this server (the model has no fill-in-the-middle mode)"
+            )
+        return None
 
     @field_validator("best_of")
     @classmethod
     def _best_of_is_n(cls, value: int | None) -> int | None:
         if value not in (None, 1):
-            raise ValueError("best_of is not supported by this server")
+            raise ValueError(
+                "best_of > 1 is not supported by this server; use n, and pick among the choices"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _zero_max_tokens(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            error = PydanticCustomError(
+                "greater_than_equal",
+                "max_tokens must be at least 1 (0 is accepted only with echo, to score the prompt)",
+            )
+            raise ValidationError.from_exception_data(
+                "max_tokens", [InitErrorDetails(type=error, loc=("max_tokens",), input=0)]
+            )
+        return self
+
+    @property
+    def scores_only(self) -> bool:
+        """`echo` with `max_tokens` 0: the prompt (and its logprobs) is the whole answer."""
+        return self.echo and self.max_tokens == 0
+
+    def prompt_logprobs_k(self) -> int | None:
+        """What vLLM's server does: with `echo`, the prompt gets `logprobs` too."""
+        return self.logprobs if self.echo else None
 
     @field_validator("prompt")
     @classmethod
@@ -293,7 +402,7 @@ class CompletionRequest(SamplingRequest):
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
         if isinstance(value, str) or isinstance(value[0], str):  # texts are never mixed with ids
-            _check_field(value)
+            check_text(value)
         return value
 
     def logprobs_k(self) -> int | None:
