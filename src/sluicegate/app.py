@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware import Middleware
 
 from sluicegate import __version__, wiring
-from sluicegate.api import completions, health, models
+from sluicegate.api import completions, health, models, responses
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.http.admission import AdmissionMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
@@ -102,6 +102,7 @@ def create_app(
                 service=service,
                 cache=cache,
                 quotas=quotas,
+                responses=wiring.open_response_store(settings, client),
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
@@ -113,7 +114,7 @@ def create_app(
             logger.info("shutting down the engine")
 
     router = APIRouter()
-    for routes in (completions.router, models.router, health.router):
+    for routes in (completions.router, responses.router, models.router, health.router):
         router.include_router(routes)
     app = FastAPI(
         title="sluicegate",

@@ -39,7 +39,7 @@ def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
             "ctx": {k: str(v) for k, v in ctx.items()},
         }
         return CompactBody(None, [error])
-    data = request.model_dump(mode="json", exclude_unset=True)
+    data = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     if isinstance(request, ChatCompletionRequest):
         for message, parsed in zip(data["messages"], request.messages, strict=True):
             if isinstance(parsed.content, list):
