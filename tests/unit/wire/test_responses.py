@@ -90,7 +90,12 @@ def test_history_comes_before_the_new_input_and_instructions_before_both() -> No
 def test_parameters_map_to_their_chat_names() -> None:
     body = chat_body(
         request(
-            max_output_tokens=7, temperature=0.5, top_p=0.9, user="u", stream=True, truncation="auto"
+            max_output_tokens=7,
+            temperature=0.5,
+            top_p=0.9,
+            user="u",
+            stream=True,
+            truncation="auto",
         ),
         [],
     )
@@ -155,9 +160,9 @@ def test_json_schema_text_format_becomes_the_chat_response_format() -> None:
 
 
 def test_json_object_and_text_formats() -> None:
-    assert chat_body(request(text={"format": {"type": "json_object"}}), [])[
-        "response_format"
-    ] == {"type": "json_object"}
+    assert chat_body(request(text={"format": {"type": "json_object"}}), [])["response_format"] == {
+        "type": "json_object"
+    }
     assert "response_format" not in chat_body(request(text={"format": {"type": "text"}}), [])
 
 
@@ -201,9 +206,7 @@ def test_chat_params_name_the_responses_params() -> None:
 
 
 def test_the_echo_repeats_the_request_parameters() -> None:
-    echo = request(
-        instructions="i", max_output_tokens=5, metadata={"a": "b"}, store=False
-    ).echo()
+    echo = request(instructions="i", max_output_tokens=5, metadata={"a": "b"}, store=False).echo()
     assert echo["instructions"] == "i" and echo["max_output_tokens"] == 5
     assert echo["metadata"] == {"a": "b"} and echo["store"] is False
     assert echo["tool_choice"] == "auto" and echo["tools"] == []
