@@ -1,4 +1,5 @@
-"""The Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
+"""The Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, and
+`GET /v1/responses/{id}/input_items`.
 
 A Responses request runs as a chat completion: its conversation (the stored one of
 `previous_response_id`, then `input`) becomes a chat request (`wire.responses.chat_body`),
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
@@ -28,7 +29,7 @@ from sluicegate.http.errors import validation_param
 from sluicegate.http.state import AppState
 from sluicegate.observability.tracing import span
 from sluicegate.wire.requests import ChatCompletionRequest
-from sluicegate.wire.response_body import ResponseEnvelope
+from sluicegate.wire.response_body import ResponseEnvelope, identified
 from sluicegate.wire.response_format import ResponsesFormat
 from sluicegate.wire.responses import Item, ResponsesRequest, chat_body, param_for
 
@@ -50,7 +51,7 @@ async def create_response(
             raise
     fmt = ResponsesFormat(run.format, ResponseEnvelope(body.model, body.echo()))
     run = dataclasses.replace(run, format=fmt)
-    conversation = [*history, *body.input_items()]
+    conversation = [*history, *identified(body.input_items())]
 
     async def answered() -> None:
         if body.store and fmt.final is not None:
@@ -66,6 +67,37 @@ async def get_response(response_id: str, state: StateDep, key_id: KeyIdDep) -> J
     if stored is None:
         raise _not_found(response_id)
     return JSONResponse(stored.response)
+
+
+@router.get("/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    response_id: str,
+    state: StateDep,
+    key_id: KeyIdDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    """The response's input items (the earlier conversation's included), a page at a time."""
+    stored = await state.responses.get(key_id, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    items = stored.items if order == "asc" else stored.items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidRequestError(f"No input item with id '{after}'.", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 @router.delete("/responses/{response_id}", response_model=None)

@@ -20,7 +20,7 @@ from sluicegate.inference.run import RequestLimits, Run
 from sluicegate.inference.telemetry import GenerationTelemetry
 from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import stream_writer
-from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
+from sluicegate.wire.formats import CompletionFormat, chat_format, completion_format
 from sluicegate.wire.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -235,7 +235,8 @@ class CompletionService:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
 
         Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
-        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        # A Responses run is a chat run in another format.
+        operation = "text_completion" if isinstance(run.format, CompletionFormat) else "chat"
         with GenerationTelemetry(
             operation, self._model_name, run.id, run.prompt_tokens, run.options
         ) as telemetry:

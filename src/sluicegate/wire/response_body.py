@@ -101,5 +101,24 @@ class ResponseEnvelope:
         }
 
 
+_ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def identified(items: list[Item]) -> list[Item]:
+    """Input items as they are stored and listed: each with an id, a message's content as
+    text parts (`input_text`, or `output_text` for the assistant's)."""
+    out = []
+    for item in items:
+        kind = item.get("type", "message")
+        stored = {"id": new_item_id(_ITEM_PREFIXES.get(kind, "item")), **item, "type": kind}
+        if kind == "message":
+            stored.setdefault("status", "completed")
+            if isinstance(item["content"], str):
+                part = "output_text" if item["role"] == "assistant" else "input_text"
+                stored["content"] = [{"type": part, "text": item["content"]}]
+        out.append(stored)
+    return out
+
+
 def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"

@@ -186,3 +186,21 @@ def test_a_store_that_fails_is_a_503_to_read_but_creation_still_answers() -> Non
         assert got.status_code == 503 and got.json()["error"]["code"] == "store_unavailable"
         follow = {"model": FAKE_MODEL, "input": "y", "previous_response_id": "resp_1"}
         assert client.post("/v1/responses", json=follow).status_code == 503
+
+
+def test_input_items_list_the_conversation_a_page_at_a_time(sdk: openai.OpenAI) -> None:
+    first = sdk.responses.create(model=FAKE_MODEL, input="one", store=True)
+    second = sdk.responses.create(
+        model=FAKE_MODEL,
+        input=[{"role": "user", "content": "two"}, {"role": "user", "content": "three"}],
+        previous_response_id=first.id,
+    )
+    page = sdk.responses.input_items.list(second.id, order="asc", limit=2)
+    texts = [item.content[0].text for item in page.data]  # type: ignore[union-attr]
+    assert texts == ["one", "Hello there!"] and page.has_more
+    rest = sdk.responses.input_items.list(second.id, order="asc", after=page.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["two", "three"]  # type: ignore[union-attr]
+    assert not rest.has_more
+    newest = sdk.responses.input_items.list(second.id, limit=1)
+    assert newest.data[0].content[0].text == "three"  # type: ignore[union-attr]
+    assert all(i.id for i in [*page.data, *rest.data])
