@@ -1,20 +1,17 @@
 """The Responses API on the real engine through the official `openai` SDK: bodies, streams,
-the store (in-process on the session gateway; Redis on two gateways of this module, one
-after the other), `previous_response_id`, per-key isolation, and `text.format`."""
+the (in-process) store, `previous_response_id`, refusals and `text.format`. The Redis store
+shared by two gateway processes, and kept apart per key, is in `test_redis_resilience.py`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.integration.redis_server import RedisProcess
-from tests.integration.server import MODEL_NAME, GatewayProcess, start_gateway
+from tests.integration.server import MODEL_NAME
 
-KEY_A, KEY_B = "sk-responses-a-51c2", "sk-responses-b-9e07"
 SHORT = 16
 
 
@@ -113,60 +110,3 @@ def test_json_schema_text_format_constrains_the_output(client: openai.OpenAI) ->
     )
     assert json.loads(response.output_text)["colour"] in ("red", "green", "blue")
     assert response.text.format.type == "json_schema"  # type: ignore[union-attr]
-
-
-# ---- the Redis store, across keys and across a restart --------------------------------------
-
-
-@pytest.fixture(scope="module")
-def store_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.kill()
-
-
-def keyed_gateway(folder: object, redis: RedisProcess) -> GatewayProcess:
-    env = {"SLUICEGATE_API_KEYS": f"{KEY_A},{KEY_B}", "SLUICEGATE_REDIS_URL": redis.url}
-    return start_gateway(folder, env=env)  # type: ignore[arg-type]
-
-
-def sdk(gateway: GatewayProcess, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def test_responses_are_per_key_and_survive_a_restart_on_redis(
-    tmp_path_factory: pytest.TempPathFactory, store_redis: RedisProcess
-) -> None:
-    first = keyed_gateway(tmp_path_factory.mktemp("first"), store_redis)
-    try:
-        created = sdk(first, KEY_A).responses.create(
-            model=MODEL_NAME, input="Say hi.", max_output_tokens=8, temperature=0
-        )
-        assert sdk(first, KEY_A).responses.retrieve(created.id).id == created.id
-        with pytest.raises(openai.NotFoundError):
-            sdk(first, KEY_B).responses.retrieve(created.id)
-        with pytest.raises(openai.BadRequestError):
-            sdk(first, KEY_B).responses.create(
-                model=MODEL_NAME, input="x", previous_response_id=created.id, max_output_tokens=4
-            )
-    finally:
-        first.stop()
-
-    second = keyed_gateway(tmp_path_factory.mktemp("second"), store_redis)
-    try:
-        restored = sdk(second, KEY_A).responses.retrieve(created.id)
-        assert restored.model_dump() == created.model_dump()
-        follow = sdk(second, KEY_A).responses.create(
-            model=MODEL_NAME,
-            input="Again.",
-            previous_response_id=created.id,
-            max_output_tokens=4,
-            temperature=0,
-        )
-        assert follow.usage is not None and created.usage is not None
-        assert follow.usage.input_tokens > created.usage.input_tokens
-        with pytest.raises(openai.NotFoundError):
-            sdk(second, KEY_B).responses.retrieve(created.id)
-    finally:
-        second.stop()
