@@ -32,7 +32,7 @@ def test_create_store_get_delete_through_the_sdk(client: openai.OpenAI) -> None:
     assert usage is not None and 0 < usage.output_tokens <= SHORT
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert response.instructions == "Answer in one word." and response.max_output_tokens == SHORT
-    assert response.metadata == {"case": "create"} and response.store is True
+    assert response.metadata == {"case": "create"} and response.to_dict()["store"] is True
 
     stored = client.responses.retrieve(response.id)
     assert stored.model_dump() == response.model_dump()

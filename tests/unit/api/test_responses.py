@@ -41,7 +41,7 @@ def test_create_returns_a_response_object_the_sdk_parses(sdk: openai.OpenAI) -> 
     assert response.usage is not None and response.usage.output_tokens == 3
     assert response.usage.total_tokens == response.usage.input_tokens + 3
     assert response.instructions == "Be kind." and response.metadata == {"t": "1"}
-    assert response.store is True and response.tool_choice == "auto"
+    assert response.tool_choice == "auto" and response.to_dict()["store"] is True
 
 
 def test_max_output_tokens_cut_is_incomplete(sdk: openai.OpenAI) -> None:
@@ -196,11 +196,33 @@ def test_input_items_list_the_conversation_a_page_at_a_time(sdk: openai.OpenAI) 
         previous_response_id=first.id,
     )
     page = sdk.responses.input_items.list(second.id, order="asc", limit=2)
-    texts = [item.content[0].text for item in page.data]  # type: ignore[union-attr]
+    texts = [item.content[0].text for item in page.data]  # type: ignore[union-attr,index]
     assert texts == ["one", "Hello there!"] and page.has_more
     rest = sdk.responses.input_items.list(second.id, order="asc", after=page.data[-1].id)
-    assert [i.content[0].text for i in rest.data] == ["two", "three"]  # type: ignore[union-attr]
+    assert [i.content[0].text for i in rest.data] == ["two", "three"]  # type: ignore[union-attr,index]
     assert not rest.has_more
     newest = sdk.responses.input_items.list(second.id, limit=1)
-    assert newest.data[0].content[0].text == "three"  # type: ignore[union-attr]
+    assert newest.data[0].content[0].text == "three"  # type: ignore[union-attr,index]
     assert all(i.id for i in [*page.data, *rest.data])
+
+
+def test_the_in_process_store_keeps_only_its_byte_bound() -> None:
+    with TestClient(fake_app(responses_memory_max_bytes=4000)) as client:
+        ids = []
+        for i in range(6):
+            body = {"model": FAKE_MODEL, "input": f"question {i}"}
+            ids.append(client.post("/v1/responses", json=body).json()["id"])
+        found = [client.get(f"/v1/responses/{i}").status_code for i in ids]
+        # Each record is about 1.3 kB: the newest ones fit, the oldest went first.
+        assert found[-2:] == [200, 200] and found[0] == 404
+        assert found == sorted(found, reverse=True)  # 404s, then 200s
+        assert app_store_size(client) <= 4000
+
+
+def app_store_size(client: TestClient) -> int:
+    from sluicegate.conversation.store import MemoryResponseStore
+    from sluicegate.http.state import STATE_KEY
+
+    state = client.app_state[STATE_KEY]  # the lifespan's state, as TestClient keeps it
+    assert isinstance(state.responses, MemoryResponseStore)
+    return state.responses.size_bytes

@@ -69,7 +69,7 @@ def test_function_calls_become_one_assistant_message_and_outputs_tool_messages()
 
 
 def test_a_function_call_after_assistant_text_joins_that_message() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "t"}]},
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
@@ -79,7 +79,7 @@ def test_a_function_call_after_assistant_text_joins_that_message() -> None:
 
 
 def test_history_comes_before_the_new_input_and_instructions_before_both() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": "first"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A"}]},
     ]
