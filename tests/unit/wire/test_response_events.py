@@ -110,6 +110,10 @@ class FakeToolChatFormat(ChatFormat):
         choice = {"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}
         return self.chunk(self.CHUNK, [choice])
 
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        """The same, for a chat format whose deltas make a list of chunks (i17-tools)."""
+        return [self.delta_chunk(state, delta)]
+
     def response(self, completion: Completion) -> dict[str, Any]:
         body = super().response(completion)
         message = body["choices"][0]["message"]
