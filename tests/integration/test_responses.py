@@ -110,3 +110,39 @@ def test_json_schema_text_format_constrains_the_output(client: openai.OpenAI) ->
     )
     assert json.loads(response.output_text)["colour"] in ("red", "green", "blue")
     assert response.text.format.type == "json_schema"  # type: ignore[union-attr]
+
+
+def test_a_named_function_answers_with_a_function_call_that_continues(
+    client: openai.OpenAI,
+) -> None:
+    """Passes once tool calling (branch i17-tools) accepts the chat `tools` this converts
+    function tools to; until then the chat request refuses them (400)."""
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+    response = client.responses.create(
+        model=MODEL_NAME,
+        input="What is the weather in Paris?",
+        tools=[weather],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=64,
+        temperature=0,
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    follow = client.responses.create(
+        model=MODEL_NAME,
+        previous_response_id=response.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}],
+        max_output_tokens=SHORT,
+        temperature=0,
+    )
+    assert follow.output_text.strip()
