@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware import Middleware
 
 from sluicegate import __version__, wiring
-from sluicegate.api import completions, health, models, tokenize
+from sluicegate.api import completions, health, models, responses, tokenize
 from sluicegate.api.playground import playground_mount
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.http.admission import AdmissionMiddleware
@@ -104,6 +104,7 @@ def create_app(
                 service=service,
                 cache=cache,
                 quotas=quotas,
+                responses=wiring.open_response_store(settings, client),
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
@@ -115,7 +116,13 @@ def create_app(
             logger.info("shutting down the engine")
 
     router = APIRouter()
-    for routes in (completions.router, models.router, tokenize.router, health.router):
+    for routes in (
+        completions.router,
+        responses.router,
+        models.router,
+        tokenize.router,
+        health.router,
+    ):
         router.include_router(routes)
     if settings.playground_enabled:
         router.routes.append(playground_mount())

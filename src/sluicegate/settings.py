@@ -252,6 +252,31 @@ class Settings(BaseSettings):
         description="After a Redis failure, seconds the cache is skipped before trying again.",
     )
 
+    # --- responses API store --------------------------------------------------------
+    responses_ttl_seconds: int = Field(
+        default=30 * 24 * 3600,
+        ge=1,
+        description="How long a stored response (`store: true`) can be read or continued "
+        "(`previous_response_id`); 30 days, as OpenAI keeps them.",
+    )
+    responses_memory_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="Without Redis: bytes of stored responses kept in this process, least "
+        "recently used dropped first.",
+    )
+    responses_max_entry_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="Largest stored response (the response and its whole conversation); a "
+        "larger one is answered but not stored.",
+    )
+    responses_redis_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        description="Seconds one Redis operation of the response store may take (then 503).",
+    )
+
     # --- limits ----------------------------------------------------------------------
     max_in_flight: int = Field(
         default=512, ge=1, description="Inference requests in flight before new ones get a 503."

@@ -18,6 +18,12 @@ from redis.exceptions import RedisError
 from sluicegate.cache.response_cache import CacheConfig, ResponseCache
 from sluicegate.cache.store import CacheStore, MemoryStore, RedisStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
+from sluicegate.conversation.store import (
+    MemoryResponseStore,
+    RedisResponseStore,
+    ResponseStore,
+    StoreConfig,
+)
 from sluicegate.engine.model import model_identity, resolve_model
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
@@ -245,6 +251,22 @@ async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> 
     )
     return ResponseCache(
         store, TtlPolicy(ttl_rule(settings)), cache_config(settings), settings.model_name, identity
+    )
+
+
+def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseStore:
+    """Stored responses in Redis when there is one (shared by replicas, kept across restarts),
+    else in this process, bounded in bytes."""
+    config = StoreConfig(
+        ttl=settings.responses_ttl_seconds, max_entry_bytes=settings.responses_max_entry_bytes
+    )
+    if client is None:
+        return MemoryResponseStore(config, settings.responses_memory_max_bytes)
+    return RedisResponseStore(
+        client,
+        config,
+        prefix=settings.redis_key_prefix,
+        op_timeout=settings.responses_redis_timeout,
     )
 
 

@@ -22,7 +22,7 @@ from sluicegate.http.asgi import api_key_id, header, read_body, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import app_state
 from sluicegate.observability.record import current_request
-from sluicegate.paths import INFERENCE_PATHS
+from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached
@@ -51,7 +51,7 @@ class CacheHitMiddleware:
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
-            or scope["path"] not in INFERENCE_PATHS
+            or scope["path"] not in CACHE_HIT_PATHS
             or state is None
             or cache_control(scope).no_cache
         ):

@@ -25,8 +25,8 @@ from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.telemetry import GenerationTelemetry
 from sluicegate.wire.completion import Collector, Completion
-from sluicegate.wire.events import EventWriter
-from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
+from sluicegate.wire.events import stream_writer
+from sluicegate.wire.formats import CompletionFormat, chat_format, completion_format
 from sluicegate.wire.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -298,7 +298,8 @@ class CompletionService:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
 
         Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
-        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        # A Responses run is a chat run in another format.
+        operation = "text_completion" if isinstance(run.format, CompletionFormat) else "chat"
         with GenerationTelemetry(
             operation, self._model_name, run.id, run.prompt_tokens, run.options
         ) as telemetry:
@@ -362,18 +363,22 @@ async def _events(
     on_finish: Callable[[Completion], Awaitable[None]] | None,
     on_end: OnEnd | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them."""
-    writer = EventWriter(run.format)
+    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them.
+
+    `on_finish` runs after the closing events are rendered but before they are sent, so what
+    it does (storing a response) is done by the time a client reads the end of the stream."""
+    writer = stream_writer(run.format)
     try:
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 for event in writer.events(delta):
                     yield event
         completion = writer.completion(run.prompt_tokens)
-        if run.include_usage:
-            yield writer.usage_event(completion)
+        closing = list(writer.closing(completion, run.include_usage))
         if on_finish is not None:
             await on_finish(completion)
+        for event in closing:
+            yield event
     finally:
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:

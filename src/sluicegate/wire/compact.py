@@ -39,7 +39,7 @@ def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
             "ctx": {k: str(v) for k, v in ctx.items()},
         }
         return CompactBody(None, [error])
-    data = request.model_dump(mode="json", exclude_unset=True)
+    data = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     messages = getattr(request, "messages", None)  # chat completions, /tokenize
     if isinstance(messages, list) and "messages" in data:
         for message, parsed in zip(data["messages"], messages, strict=True):
