@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from sluicegate.engine.protocol import ChoiceDelta, EngineClient, EngineStep, SamplingOptions
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    EngineClient,
+    EngineStep,
+    SamplingOptions,
+    StructuredOutput,
+)
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import RequestLimits, Run
@@ -69,14 +76,19 @@ class CompletionService:
             )
         self._check_sampling(request)
         self._limits.check_sequences(1, request.n)
+        tools = request.tool_setup(self._limits.tools)
         fitted = await self._budget.fit_chat(
             request.prompt_messages(),
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
+            tools=tools.tools,
         )
-        fmt = chat_format(self._model_name, request.include_usage)
+        fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted.max_tokens)
+        if (schema := tools.forced_schema()) is not None:
+            # `required` or a named function: the output can only be calls that validate.
+            options = dataclasses.replace(options, structured=StructuredOutput(json=schema))
         return Run(
             fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
@@ -235,9 +247,11 @@ class CompletionService:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
 
         Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
-        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        chat = isinstance(run.format, ChatFormat)
+        operation = "chat" if chat else "text_completion"
+        tools = run.format.tools if isinstance(run.format, ChatFormat) else None
         with GenerationTelemetry(
-            operation, self._model_name, run.id, run.prompt_tokens, run.options
+            operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
         ) as telemetry:
             if len(run.prompts) == 1:
                 async with contextlib.aclosing(

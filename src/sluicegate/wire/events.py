@@ -42,10 +42,12 @@ class EventWriter:
                 yield sse_event(first)
         state.add(delta)
         if delta.text or delta.logprobs:
-            yield sse_event(fmt.delta_chunk(state, delta))
+            for chunk in fmt.delta_chunks(state, delta):
+                yield sse_event(chunk)
         if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
-            yield sse_event(fmt.finish_chunk(index, state.finish_reason))
+            for chunk in fmt.finish_chunks(state):
+                yield sse_event(chunk)
 
     def completion(self, prompt_tokens: int) -> Completion:
         """What was sent, as counts: token counts and finish reasons, no text."""
