@@ -318,14 +318,6 @@ def whole_calls(setup: ToolSetup, parser: ToolCallParser | None, text: str) -> T
     return stream
 
 
-def valid_arguments(arguments: str) -> bool:
-    try:
-        json.loads(arguments)
-    except ValueError:
-        return False
-    return True
-
-
 def _loads_str(raw: str) -> str | None:
     try:
         value = json.loads(raw)

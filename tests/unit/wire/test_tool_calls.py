@@ -28,7 +28,10 @@ TOOLS = (
 REQUIRED = ToolSetup(TOOLS, "required")
 NAMED = ToolSetup(TOOLS, "named", "get_weather")
 AUTO = ToolSetup(TOOLS, "auto")
-CALLS = '[{"name":"get_weather","arguments":{"city":"Pa\\"ris","n":[1,{"x":"}"}]}},{"name":"get_time","arguments":{}}]'
+CALLS = (
+    '[{"name":"get_weather","arguments":{"city":"Pa\\"ris","n":[1,{"x":"}"}]}},'
+    '{"name":"get_time","arguments":{}}]'
+)
 
 
 def pieces(text: str, size: int) -> list[str]:
@@ -252,3 +255,34 @@ def test_a_cached_tool_call_renders_the_same_calls(stream: bool) -> None:
 
     assert calls(renders[0]) == calls(renders[1])
     assert calls(renders[0])[1] == ("get_time", "{}")
+
+
+def test_rendered_choices_are_counted_by_mode_and_outcome() -> None:
+    from sluicegate.observability.metrics import TOOL_CALL_CHOICES, TOOL_CALLS
+
+    def value(mode: str, outcome: str) -> float:
+        return TOOL_CALL_CHOICES.labels(mode, outcome)._value.get()  # type: ignore[no-any-return]
+
+    before = (value("required", "called"), value("required", "invalid_arguments"))
+    calls_before = TOOL_CALLS.labels("required")._value.get()
+    answer(REQUIRED, [CALLS])
+    answer(REQUIRED, ['[{"name":"get_time","arguments":{"tz'], "length")
+    assert value("required", "called") == before[0] + 1
+    assert value("required", "invalid_arguments") == before[1] + 1
+    assert TOOL_CALLS.labels("required")._value.get() == calls_before + 3
+    text_before = value("auto", "text")
+    answer(AUTO, ["no call"])
+    assert value("auto", "text") == text_before + 1
+
+
+def test_the_span_names_the_tools_and_a_forced_function() -> None:
+    from sluicegate.inference.telemetry import tool_attributes
+
+    assert tool_attributes(NAMED) == {
+        "sluicegate.tool_choice": "named",
+        "sluicegate.tools.count": 2,
+        "sluicegate.tools.names": ["get_weather", "get_time"],
+        "gen_ai.tool.name": "get_weather",
+        "gen_ai.tool.type": "function",
+    }
+    assert "gen_ai.tool.name" not in tool_attributes(AUTO)
