@@ -160,7 +160,7 @@ def test_a_cached_required_call_renders_the_same_calls(base_url: str) -> None:
 
 
 def test_auto_parses_the_models_own_tool_call(base_url: str) -> None:
-    payload = body(messages=FEW_SHOT, max_tokens=30)
+    payload = body(messages=FEW_SHOT, max_tokens=48)
     choice, calls = calls_of(post(base_url, payload))
     assert calls == [("get_weather", '{"city": "Rome"}')]
     assert choice["finish_reason"] == "tool_calls"

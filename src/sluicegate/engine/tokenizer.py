@@ -80,9 +80,8 @@ class HFPromptTokenizer:
             return dataclasses.replace(found, ids=list(found.ids))
         size = _chat_size(messages, tools)
         encoding = await self._run(size, self._encode_chat_counted_sync, messages, ids_up_to, tools)
-        weight = size + sum(len(p) for p in key if isinstance(p, str))  # the tools' JSON
-        if weight <= MEMO_MAX_CHARS and encoding.length == len(encoding.ids):
-            self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), weight)
+        if size <= MEMO_MAX_CHARS and encoding.length == len(encoding.ids):
+            self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
         return encoding
 
     async def encode(self, text: str) -> list[int]:
@@ -185,12 +184,11 @@ class HFPromptTokenizer:
 
 def _chat_size(messages: ChatMessages, tools: Tools | None = None) -> int:
     size = sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
-    # Tools and tool calls are rendered as JSON: weigh them by a short estimate.
-    return size + MESSAGE_WEIGHT_CHARS * 4 * (len(tools or ()) + sum(_calls(m) for m in messages))
-
-
-def _calls(message: Mapping[str, Any]) -> int:
-    return len(message.get("tool_calls") or ())
+    # Tools are rendered as JSON (up to `max_tools_bytes`): weigh them as such; tool calls
+    # by a short estimate each.
+    calls = sum(len(m.get("tool_calls") or ()) for m in messages)
+    tools_size = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
+    return size + tools_size + MESSAGE_WEIGHT_CHARS * 4 * calls
 
 
 def _memo_key(messages: ChatMessages, tools: Tools | None) -> tuple[object, ...]:
