@@ -114,8 +114,10 @@ class TokenBudget:
                 f"This model's maximum context length is {self._max_model_len} tokens and the "
                 f"completion needs at least {self._max_model_len - limit} of them. However, "
                 f"the messages take {before} tokens, and still {after} with every older turn "
-                f"removed: the last user message alone does not fit in {limit} tokens. Please "
-                "reduce the length of the messages.",
+                f"removed: the last user message alone does not fit in {limit} tokens"
+                + (" beside the tools, which are always kept" if tools else "")
+                + ". Please reduce the length of the messages"
+                + (" or the tools." if tools else "."),
                 param="messages",
             )
         dropped = len(messages) - len(result.kept)

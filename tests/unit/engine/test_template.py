@@ -152,3 +152,17 @@ async def test_the_budget_counts_the_tools_and_never_truncates_them_away(hf: Any
     # them, so no more turns go than needed (a turn here is about 90 tokens, the tools 150).
     assert len(ids) > len(full) // 2 - 90, (len(ids), len(full) // 2)
     tokenizer.close()
+
+
+async def test_tools_that_leave_no_room_are_a_400_that_names_them(hf: Any) -> None:
+    from sluicegate.errors import ContextLengthExceededError
+
+    tokenizer = HFPromptTokenizer(hf, chat_template=shipped_template())
+    messages = [{"role": "user", "content": "Hi"}]
+    alone = len(await tokenizer.encode_chat(messages))
+    budget = TokenBudget(tokenizer, alone + 32, BudgetPolicy(min_completion_tokens=16))
+    assert (await budget.fit_chat(messages, max_tokens=16)).report.prompt_tokens_after == alone
+    with pytest.raises(ContextLengthExceededError) as caught:
+        await budget.fit_chat(messages, max_tokens=16, tools=[WEATHER] * 2)
+    assert caught.value.param == "messages" and "tools" in caught.value.message
+    tokenizer.close()
