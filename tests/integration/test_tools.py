@@ -144,6 +144,24 @@ def test_required_gives_valid_calls_streamed_or_not(base_url: str) -> None:
     assert chunks[-1]["finish_reason"] == "tool_calls"
 
 
+def test_legacy_functions_get_a_legacy_function_call(base_url: str) -> None:
+    payload = {
+        "model": MODEL_NAME,
+        "messages": ASK,
+        "functions": [ADD["function"]],
+        "function_call": {"name": "add"},
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    response = post(base_url, payload)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    call = choice["message"]["function_call"]
+    assert call["name"] == "add" and "tool_calls" not in choice["message"]
+    jsonschema.validate(json.loads(call["arguments"]), PARAMETERS["add"])
+    assert choice["finish_reason"] == "stop"
+
+
 def test_a_cached_required_call_renders_the_same_calls(base_url: str) -> None:
     messages = [{"role": "user", "content": f"What is 2 plus 3? ({uuid.uuid4().hex[:8]})"}]
     payload = body(

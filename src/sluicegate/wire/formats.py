@@ -172,7 +172,10 @@ class ChatFormat(_Envelope):
         stream = whole_calls(self.tools, self.parser, choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": stream.content()}
         calls = stream.calls()
-        if calls:
+        if calls and self.tools.legacy:
+            _, name, arguments = calls[0]
+            message["function_call"] = {"name": name, "arguments": arguments}
+        elif calls:
             message["tool_calls"] = [
                 {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
                 for id_, name, args in calls
@@ -186,7 +189,7 @@ class ChatFormat(_Envelope):
         itself; a named function's call ends with `stop`. Counted once per choice."""
         count_tool_calls(self.tools.mode, [args for _, _, args in stream.calls()])
         if stream.called and reason == "stop" and self.tools.mode in ("auto", "required"):
-            return "tool_calls"
+            return "function_call" if self.tools.legacy else "tool_calls"
         return reason
 
     def _stream(self, state: ChoiceState) -> ToolStream:
@@ -199,7 +202,13 @@ class ChatFormat(_Envelope):
         chunks = []
         if rendered.content:
             chunks.append(self._delta(index, {"content": rendered.content}, None))
-        if rendered.calls:
+        if rendered.calls and self.tools.legacy:
+            # The legacy shape carries one call: the first one's opening and arguments.
+            for call in (c for c in rendered.calls if c.index == 0):
+                opening = {"name": call.name} if call.name is not None else {}
+                delta = {"function_call": {**opening, "arguments": call.arguments}}
+                chunks.append(self._delta(index, delta, None))
+        elif rendered.calls:
             calls = [c.wire() for c in rendered.calls]
             chunks.append(self._delta(index, {"tool_calls": calls}, None))
         return chunks

@@ -84,6 +84,8 @@ class ToolSetup:
     function: str | None = None
     """The forced function's name (mode `named`)."""
     parallel: bool = True
+    legacy: bool = False
+    """Asked with `functions`: answered with OpenAI's legacy `function_call` (one call)."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -168,6 +170,7 @@ def resolve_tools(
             tool_choice = NamedToolChoice(type="function", function=function_call)
         else:
             tool_choice = function_call
+    legacy = functions is not None
     choice_param = "function_call" if function_call is not None else "tool_choice"
     tools_param = "functions" if functions is not None else "tools"
     if not tools:
@@ -215,9 +218,9 @@ def resolve_tools(
                 f"'{tools_param}'.",
                 param=choice_param,
             )
-        return ToolSetup(plain, "named", name, parallel_tool_calls is not False)
+        return ToolSetup(plain, "named", name, parallel_tool_calls is not False, legacy)
     mode: ToolMode = tool_choice or "auto"
-    return ToolSetup(plain, mode, None, parallel_tool_calls is not False)
+    return ToolSetup(plain, mode, None, parallel_tool_calls is not False, legacy)
 
 
 def check_parameters(parameters: dict[str, Any] | None, param: str) -> None:

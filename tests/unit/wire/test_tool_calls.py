@@ -286,3 +286,19 @@ def test_the_span_names_the_tools_and_a_forced_function() -> None:
         "gen_ai.tool.type": "function",
     }
     assert "gen_ai.tool.name" not in tool_attributes(AUTO)
+
+
+def test_legacy_functions_are_answered_with_function_call() -> None:
+    legacy = ToolSetup(TOOLS, "auto", legacy=True)
+    text = ["CALL get_time", ' {"tz": "UTC"}']
+    choice = answer(legacy, text)
+    assert choice["finish_reason"] == "function_call"
+    assert "tool_calls" not in choice["message"]
+    assert choice["message"]["function_call"] == {"name": "get_time", "arguments": '{"tz": "UTC"}'}
+    deltas = [e["choices"][0]["delta"] for e in stream_events(legacy, text)]
+    calls = [d["function_call"] for d in deltas if "function_call" in d]
+    assert calls[0] == {"name": "get_time", "arguments": ""}
+    assert "".join(c["arguments"] for c in calls) == '{"tz": "UTC"}'
+    named = answer(ToolSetup(TOOLS, "named", "get_weather", legacy=True), ["{}"])
+    assert named["message"]["function_call"] == {"name": "get_weather", "arguments": "{}"}
+    assert named["finish_reason"] == "stop"

@@ -55,7 +55,8 @@ def test_legacy_functions_mean_tools() -> None:
     modern = setup(
         tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
     )
-    assert legacy == modern
+    assert legacy.legacy and not modern.legacy
+    assert (legacy.tools, legacy.mode, legacy.function) == (modern.tools, "named", "get_weather")
     assert setup(functions=[WEATHER["function"]], function_call="none").mode == "none"
 
 
