@@ -17,11 +17,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from sluicegate.app import create_app
 from sluicegate.engine.protocol import (
     ChatEncoding,
+    ChatMessages,
     ChoiceDelta,
     EngineStep,
     SamplingOptions,
     Tokenized,
     TokenLogprob,
+    ToolCallParser,
+    Tools,
 )
 from sluicegate.errors import EngineUnavailableError, GatewayError
 from sluicegate.lifecycle import Lifecycle
@@ -31,11 +34,11 @@ from sluicegate.settings import Settings
 class WhitespaceTokenizer:
     vocab_size = 1000
 
-    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
         return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
 
     async def encode_chat_counted(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
         return ChatEncoding(
             await self.encode_chat(messages),
@@ -85,6 +88,7 @@ class FakeEngine:
     priorities: list[int] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
+    tool_parser: ToolCallParser | None = None
 
     async def generate(
         self,

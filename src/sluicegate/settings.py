@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FilePath,
     SecretStr,
     ValidationError,
     field_validator,
@@ -77,6 +78,18 @@ class Settings(BaseSettings):
     )
     revision: str | None = Field(default=None, description="Model revision, for hub ids.")
     trust_remote_code: bool = Field(default=False, description="Allow model code from the hub.")
+    chat_template: FilePath | None = Field(
+        default=None,
+        description="A Jinja chat template file that replaces the model's own. Unset: for the "
+        "bundled model, the shipped SmolLM2 template that renders tools and tool calls; for "
+        "other models, their own.",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM tool parser that reads tool calls in the model's text for "
+        "`tool_choice` auto (`hermes`, `llama3_json`, `pythonic`, ...), or `none`. Unset: "
+        "`hermes` for the bundled model, none otherwise (auto then answers with text).",
+    )
 
     # --- server ----------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address to bind.")
@@ -316,6 +329,15 @@ class Settings(BaseSettings):
     )
     max_stop_length: int = Field(
         default=1024, ge=1, description="Longest stop sequence accepted, in characters."
+    )
+    max_tools: int = Field(
+        default=128, ge=1, description="Most tools (or functions) in one chat request."
+    )
+    max_tools_bytes: int = Field(
+        default=64 * 1024,
+        ge=256,
+        description="Longest the tools of one request may be, as JSON, in characters: their "
+        "schemas are checked on the event loop and compiled into a grammar for `required`.",
     )
     request_body_timeout: float = Field(
         default=30.0, gt=0, description="Seconds the request body may take to arrive (408)."

@@ -24,7 +24,7 @@ from sluicegate.conversation.store import (
     ResponseStore,
     StoreConfig,
 )
-from sluicegate.engine.model import model_identity, resolve_model
+from sluicegate.engine.model import model_identity, resolve_model, shipped_template
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
 from sluicegate.http.state import Timeouts
@@ -36,6 +36,7 @@ from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
+from sluicegate.wire.tools import ToolLimits
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_stop_sequences=settings.max_stop_sequences,
         max_stop_length=settings.max_stop_length,
         max_sequences=settings.max_sequences_per_request,
+        tools=ToolLimits(settings.max_tools, settings.max_tools_bytes),
     )
 
 
@@ -138,7 +140,26 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         scheduling_policy=settings.scheduling_policy,
         enforce_eager=settings.enforce_eager,
         cpu_kvcache_space_gib=settings.cpu_kvcache_space_gib,
+        chat_template=chat_template(settings),
+        tool_call_parser=tool_call_parser(settings),
     )
+
+
+def chat_template(settings: Settings) -> str | None:
+    """The template text that replaces the model's own: the setting's file, else for the
+    bundled model the shipped one (it renders tools); None keeps the model's."""
+    if settings.chat_template is not None:
+        return settings.chat_template.read_text(encoding="utf-8")
+    return shipped_template() if settings.model is None else None
+
+
+def tool_call_parser(settings: Settings) -> str | None:
+    """The tool parser for `auto`: the setting (`none` for none), else `hermes` for the
+    bundled model, whose shipped template asks for Hermes-style calls."""
+    name = settings.tool_call_parser
+    if name is None:
+        return "hermes" if settings.model is None else None
+    return None if name.lower() == "none" else name
 
 
 # ---- what the lifespan opens ---------------------------------------------------------------

@@ -6,9 +6,9 @@ imports vLLM, so gateway logic can be typed and tested without it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 MAX_TOKEN_CHARS = 128
@@ -119,18 +119,26 @@ class Tokenized:
     strings: list[str] | None = None
 
 
+ChatMessages = Sequence[Mapping[str, Any]]
+"""Messages as chat templates take them: `role` and `content` (text), and where the message
+has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`."""
+Tools = Sequence[Mapping[str, Any]]
+"""Tools as chat templates take them (OpenAI's `{"type": "function", "function": {...}}`)."""
+
+
 class PromptTokenizer(Protocol):
     """Turns requests into the token ids the engine receives."""
 
     @property
     def vocab_size(self) -> int: ...
 
-    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template with a generation prompt, then tokenize."""
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+        """Apply the model's chat template with a generation prompt, then tokenize. `tools`
+        are rendered by the template (into the first system turn, for the shipped one)."""
         ...
 
     async def encode_chat_counted(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
         """`encode_chat`, with the ids attributed to the messages (for the token budget).
         With more than `ids_up_to` ids, only their number is returned (`ChatEncoding.length`)."""
@@ -153,7 +161,7 @@ class PromptTokenizer(Protocol):
 
     async def render_chat(
         self,
-        messages: Sequence[dict[str, str]],
+        messages: ChatMessages,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> str:
@@ -165,9 +173,62 @@ class PromptTokenizer(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ParsedToolCall:
+    name: str
+    arguments: str
+    """JSON text."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCalls:
+    """A whole completion's text split by a tool parser: the calls, and the text left."""
+
+    content: str | None
+    calls: tuple[ParsedToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFragment:
+    """A piece of the `index`th call: its name when it first appears, then argument text."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDelta:
+    content: str | None = None
+    calls: tuple[ToolCallFragment, ...] = ()
+
+
+class ToolCallStream(Protocol):
+    """One streamed choice's tool parser: holds what it has seen."""
+
+    def feed(self, text: str) -> ParsedDelta:
+        """The content and call fragments `text` (the next piece of output) completes."""
+        ...
+
+
+class ToolCallParser(Protocol):
+    """Finds tool calls in a model's text in the model's own format (`tool_call_parser`)."""
+
+    name: str
+
+    def extract(self, text: str, tools: Tools) -> ParsedToolCalls: ...
+
+    def stream(self, tools: Tools) -> ToolCallStream: ...
+
+
 class EngineClient(Protocol):
     @property
     def tokenizer(self) -> PromptTokenizer: ...
+
+    @property
+    def tool_parser(self) -> ToolCallParser | None:
+        """The parser for `tool_choice` "auto", if one is configured."""
+        ...
 
     @property
     def max_model_len(self) -> int: ...

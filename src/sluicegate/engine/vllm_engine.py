@@ -21,8 +21,10 @@ from sluicegate.engine.protocol import (
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
+    ToolCallParser,
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.engine.tool_parser import VLLMToolCallParser
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -59,6 +61,10 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     enforce_eager: bool | None = None
     cpu_kvcache_space_gib: int | None = None
+    chat_template: str | None = None
+    """Jinja text replacing the model's chat template."""
+    tool_call_parser: str | None = None
+    """vLLM's name of the tool parser for `tool_choice` auto."""
 
 
 def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
@@ -94,10 +100,17 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
 class VLLMEngine:
     """`EngineClient` over an in-process `AsyncLLM` whose core runs in a child process."""
 
-    def __init__(self, llm: AsyncLLM, tokenizer: HFPromptTokenizer, max_model_len: int):
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        tokenizer: HFPromptTokenizer,
+        max_model_len: int,
+        tool_parser: ToolCallParser | None = None,
+    ):
         self._llm = llm
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
+        self._tool_parser = tool_parser
 
     @classmethod
     async def start(cls, config: EngineConfig) -> VLLMEngine:
@@ -118,12 +131,24 @@ class VLLMEngine:
             enable_log_requests=False,
             disable_log_stats=False,
         )
-        tokenizer = HFPromptTokenizer(llm.get_tokenizer())
-        return cls(llm, tokenizer, vllm_config.model_config.max_model_len)
+        try:
+            hf_tokenizer = llm.get_tokenizer()
+            tokenizer = HFPromptTokenizer(hf_tokenizer, chat_template=config.chat_template)
+            parser = None
+            if config.tool_call_parser is not None:
+                parser = VLLMToolCallParser(config.tool_call_parser, hf_tokenizer)
+        except BaseException:
+            llm.shutdown()
+            raise
+        return cls(llm, tokenizer, vllm_config.model_config.max_model_len, parser)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:
         return self._tokenizer
+
+    @property
+    def tool_parser(self) -> ToolCallParser | None:
+        return self._tool_parser
 
     @property
     def max_model_len(self) -> int:

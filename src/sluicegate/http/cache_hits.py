@@ -26,7 +26,6 @@ from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached
-from sluicegate.wire.formats import chat_format, completion_format
 
 _FINGERPRINT = "cache_fingerprint"
 
@@ -87,10 +86,7 @@ async def _answer(
     except GatewayError as exc:
         await send_error(send, exc)
         return
-    new_format = chat_format if shape.chat else completion_format
-    answer = render_cached(
-        new_format(model, shape.include_usage), completion, shape.stream, shape.include_usage
-    )
+    answer = render_cached(shape.format.renewed(), completion, shape.stream, shape.include_usage)
     headers = {**answer.headers, **quota_headers, **dict(shape.headers), **hit.headers()}
     if (record := current_request()) is not None:
         record.add_usage(completion.prompt_tokens, completion.completion_tokens)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluicegate.engine.protocol import SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.wire.formats import ResponseFormat
+from sluicegate.wire.tools import ToolLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class RequestLimits:
     max_stop_length: int = 1024
     max_sequences: int = 64
     """Sequences (prompts × n) one request may start."""
+    tools: ToolLimits = field(default_factory=ToolLimits)
 
     def check_sequences(self, prompts: int, n: int) -> None:
         if prompts * n > self.max_sequences:

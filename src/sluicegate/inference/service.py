@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Protocol, TypeVar
@@ -18,6 +19,7 @@ from sluicegate.engine.protocol import (
     EngineClient,
     EngineStep,
     SamplingOptions,
+    StructuredOutput,
     TokenLogprob,
 )
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
@@ -26,13 +28,14 @@ from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.telemetry import GenerationTelemetry
 from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import stream_writer
-from sluicegate.wire.formats import CompletionFormat, chat_format, completion_format
+from sluicegate.wire.formats import ChatFormat, CompletionFormat, chat_format, completion_format
 from sluicegate.wire.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingRequest,
     Truncation,
 )
+from sluicegate.wire.response_format import ResponsesFormat
 
 T = TypeVar("T")
 OnEnd = Callable[[int], Awaitable[None]]
@@ -75,14 +78,19 @@ class CompletionService:
             )
         self._check_sampling(request)
         self._limits.check_sequences(1, request.n)
+        tools = request.tool_setup(self._limits.tools)
         fitted = await self._budget.fit_chat(
             request.prompt_messages(),
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
+            tools=tools.tools,
         )
-        fmt = chat_format(self._model_name, request.include_usage)
+        fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted.max_tokens)
+        if (schema := tools.forced_schema()) is not None:
+            # `required` or a named function: the output can only be calls that validate.
+            options = dataclasses.replace(options, structured=StructuredOutput(json=schema))
         return Run(
             fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
@@ -299,9 +307,11 @@ class CompletionService:
 
         Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
         # A Responses run is a chat run in another format.
-        operation = "text_completion" if isinstance(run.format, CompletionFormat) else "chat"
+        fmt = run.format.chat if isinstance(run.format, ResponsesFormat) else run.format
+        operation = "text_completion" if isinstance(fmt, CompletionFormat) else "chat"
+        tools = fmt.tools if isinstance(fmt, ChatFormat) else None
         with GenerationTelemetry(
-            operation, self._model_name, run.id, run.prompt_tokens, run.options
+            operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
         ) as telemetry:
             if len(run.prompts) == 1:
                 async with contextlib.aclosing(

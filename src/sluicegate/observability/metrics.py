@@ -7,6 +7,7 @@ API keys appear only as their public id).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -161,6 +162,39 @@ BUDGET_CLAMPED_MAX_TOKENS = Counter(
     "Requests whose max_tokens was lowered to what the context window leaves.",
 )
 
+# ---- tool calling (wire.formats) -----------------------------------------------------------
+TOOL_CALL_CHOICES = Counter(
+    "sluicegate_tool_call_choices_total",
+    "Chat choices rendered for requests offering tools (cache hits included), by tool_choice "
+    "mode and outcome: `called` (tool calls, arguments valid JSON), `invalid_arguments` (a "
+    "call's arguments are not valid JSON, e.g. cut by max_tokens), `text` (no call found).",
+    ["mode", "outcome"],
+)
+TOOL_CALLS = Counter(
+    "sluicegate_tool_calls_total",
+    "Tool calls returned to clients, by tool_choice mode.",
+    ["mode"],
+)
+
+
+def count_tool_calls(mode: str, arguments: list[str]) -> None:
+    """One rendered choice of a request offering tools, and the arguments of its calls."""
+    if mode == "none" and not arguments:
+        return
+    outcome = "text"
+    if arguments:
+        TOOL_CALLS.labels(mode).inc(len(arguments))
+        outcome = "called" if all(_is_json(a) for a in arguments) else "invalid_arguments"
+    TOOL_CALL_CHOICES.labels(mode, outcome).inc()
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
 
 # ---- logs ----------------------------------------------------------------------------------
 class _LogRecordsDropped(Collector):
@@ -199,3 +233,7 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
 for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
     ADMISSION_REFUSED.labels(_reason)
+for _mode in ("auto", "required", "named"):
+    TOOL_CALLS.labels(_mode)
+    for _tool_outcome in ("called", "invalid_arguments", "text"):
+        TOOL_CALL_CHOICES.labels(_mode, _tool_outcome)

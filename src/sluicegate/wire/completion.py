@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from typing_extensions import TypedDict
 
@@ -41,6 +41,8 @@ class ChoiceState:
     """The length of the token strings reported with logprobs (where offsets continue)."""
     finish_reason: str | None = None
     retain: bool = True
+    render: Any = None
+    """The response format's own state for this choice in a stream (a tool-call scanner)."""
 
     @property
     def text(self) -> str:

@@ -86,10 +86,10 @@ class EventWriter:
                 yield first
         state.add(delta)
         if delta.text or delta.logprobs:
-            yield fmt.delta_chunk(state, delta)
+            yield from fmt.delta_chunks(state, delta)
         if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
-            yield fmt.finish_chunk(index, state.finish_reason)
+            yield from fmt.finish_chunks(state)
 
     def completion(self, prompt_tokens: int) -> Completion:
         """What was sent, as counts: token counts and finish reasons, no text."""

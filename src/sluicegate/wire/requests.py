@@ -9,6 +9,7 @@ Unknown extra fields are ignored, as OpenAI's API and vLLM's server do.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -22,6 +23,18 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from sluicegate.wire.tools import (
+    FunctionCall,
+    FunctionCallChoice,
+    FunctionDefinition,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    ToolLimits,
+    ToolSetup,
+    resolve_tools,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -123,9 +136,13 @@ def _part_error(loc: Loc, kind: str, message: str, **context: str) -> NoReturn:
 
 
 class ChatMessage(_Model):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
+    """Legacy: an assistant message's one call (`tool_calls` replaced it)."""
 
     @field_validator("content")
     @classmethod
@@ -152,9 +169,60 @@ class ChatMessage(_Model):
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
+        role = self.role
+        if self.content is None and role != "assistant":
+            raise ValueError(f"a {role} message needs content")
+        if role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        if role == "function" and not self.name:
+            raise ValueError("a function message needs the function's name")
+        if role != "assistant" and (self.tool_calls is not None or self.function_call):
+            raise ValueError("only assistant messages carry tool_calls or function_call")
+        if self.tool_calls is not None and self.function_call is not None:
+            raise ValueError("send either tool_calls or the deprecated function_call, not both")
         return self
+
+    def tool_texts(self) -> list[tuple[Loc, str]]:
+        """The texts of the message's tool fields, located within the message."""
+        located: list[tuple[Loc, str]] = []
+        for j, call in enumerate(self.tool_calls or ()):
+            located += [
+                (("tool_calls", j, "id"), call.id),
+                (("tool_calls", j, "function", "name"), call.function.name),
+                (("tool_calls", j, "function", "arguments"), call.function.arguments),
+            ]
+        if self.function_call is not None:
+            located += [
+                (("function_call", "name"), self.function_call.name),
+                (("function_call", "arguments"), self.function_call.arguments),
+            ]
+        if self.tool_call_id is not None:
+            located.append((("tool_call_id",), self.tool_call_id))
+        return located
+
+    def prompt_message(self) -> dict[str, Any]:
+        """The message as chat templates take it: content as text, `developer` as `system`,
+        legacy `function` messages and `function_call` as tool messages and `tool_calls`,
+        call arguments as JSON values where they parse (templates write them as JSON)."""
+        role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
+        message: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.name is not None and self.role in ("tool", "function"):
+            message["name"] = self.name
+        if self.tool_call_id is not None and role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+        calls = self.tool_calls
+        if self.function_call is not None:
+            calls = [ToolCall(id="call_0", function=self.function_call)]
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _json(c.function.arguments)},
+                }
+                for c in calls
+            ]
+        return message
 
     def refused_texts(self, index: int) -> list[tuple[Loc, str]]:
         """The message's texts holding a lone surrogate, located as in a request where it is
@@ -167,6 +235,7 @@ class ChatMessage(_Model):
             located += [((index, "content", j, p.field), p.value) for j, p in enumerate(content)]
         if self.name is not None:
             located.append(((index, "name"), self.name))
+        located += [((index, *loc), text) for loc, text in self.tool_texts()]
         return [(loc, text) for loc, text in located if _lone_surrogate(text)]
 
     def text(self) -> str:
@@ -190,18 +259,16 @@ def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
             texts += [part.value for part in content]
         if message.name is not None:
             texts.append(message.name)
+        if message.tool_calls or message.function_call or message.tool_call_id:
+            texts += [text for _, text in message.tool_texts()]
     if _lone_surrogate("".join(texts)):
         _refuse(*next(found for i, m in enumerate(messages) for found in m.refused_texts(i)))
     return messages
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as the chat template takes them (`developer` is OpenAI's newer name for
-    `system`)."""
-    return [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in messages
-    ]
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (see `ChatMessage.prompt_message`)."""
+    return [m.prompt_message() for m in messages]
 
 
 class StreamOptions(_Model):
@@ -298,6 +365,13 @@ class SamplingRequest(_Model):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _json(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
 def _refuse_if_set(value: Any, info: ValidationInfo) -> Any:
     if value not in (None, False, [], {}):
         raise ValueError(f"{info.field_name} is not supported by this server")
@@ -309,12 +383,12 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDefinition] | None = None
+    function_call: FunctionCallChoice | None = None
     response_format: dict[str, Any] | None = None
-
-    _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
 
     @field_validator("messages")
     @classmethod
@@ -338,7 +412,18 @@ class ChatCompletionRequest(SamplingRequest):
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt_messages(self) -> list[dict[str, str]]:
+    def tool_setup(self, limits: ToolLimits) -> ToolSetup:
+        """The tools offered and how they may be called (a 400 when the fields disagree)."""
+        return resolve_tools(
+            self.tools,
+            self.tool_choice,
+            self.parallel_tool_calls,
+            self.functions,
+            self.function_call,
+            limits,
+        )
+
+    def prompt_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
 
     def logprobs_k(self) -> int | None:

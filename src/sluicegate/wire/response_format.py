@@ -40,11 +40,11 @@ class ResponsesFormat:
     def first_chunk(self, index: int) -> dict[str, Any] | None:
         return self.chat.first_chunk(index)
 
-    def delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]:
-        return self.chat.delta_chunk(state, delta)
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        return self.chat.delta_chunks(state, delta)
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
-        return self.chat.finish_chunk(index, finish_reason)
+    def finish_chunks(self, state: ChoiceState) -> list[dict[str, Any]]:
+        return self.chat.finish_chunks(state)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.chat.usage_chunk(usage)
@@ -56,6 +56,11 @@ class ResponsesFormat:
         output = output_items(choice["message"], status == "incomplete")
         self.final = self.envelope.body(status, output, response_usage(completion.usage))
         return self.final
+
+    def renewed(self) -> ResponsesFormat:
+        """The same format for another response: its own ids and creation time."""
+        envelope = ResponseEnvelope(self.envelope.model, self.envelope.echo)
+        return ResponsesFormat(self.chat.renewed(), envelope)
 
     def stream_writer(self) -> ResponseEventWriter:
         """This response's one stream writer (it numbers the events; `http.sse` asks it for
