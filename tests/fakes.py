@@ -17,10 +17,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from sluicegate.app import create_app
 from sluicegate.engine.protocol import (
     ChatEncoding,
+    ChatMessages,
     ChoiceDelta,
     EngineStep,
     SamplingOptions,
     StructuredOutput,
+    Tokenized,
+    TokenLogprob,
+    ToolCallParser,
+    Tools,
 )
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.lifecycle import Lifecycle
@@ -30,11 +35,11 @@ from sluicegate.settings import Settings
 class WhitespaceTokenizer:
     vocab_size = 1000
 
-    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
         return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
 
     async def encode_chat_counted(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
         return ChatEncoding(
             await self.encode_chat(messages),
@@ -47,6 +52,24 @@ class WhitespaceTokenizer:
 
     async def count(self, texts: Sequence[str]) -> list[int]:
         return [len(t.split()) for t in texts]
+
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        words = text.split()
+        return Tokenized([len(w) for w in words], words if with_strings else None)
+
+    async def render_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        return " ".join(m["role"] + " " + m["content"] for m in messages)
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """Each id as a word of that many letters (what `encode` counted)."""
+        return " ".join("x" * i for i in token_ids)
 
 
 @dataclass
@@ -68,6 +91,7 @@ class FakeEngine:
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
     refused_constraint: str | None = None
     checked: list[StructuredOutput] = field(default_factory=list)
+    tool_parser: ToolCallParser | None = None
 
     async def generate(
         self,
@@ -97,11 +121,22 @@ class FakeEngine:
                     reason = "length" if len(words) == options.max_tokens else "stop"
                 yield EngineStep(
                     choices=[
-                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=reason)
+                        ChoiceDelta(
+                            index=i,
+                            text=word,
+                            num_tokens=1,
+                            finish_reason=reason,
+                            logprobs=None
+                            if options.logprobs is None
+                            else [TokenLogprob(word, -0.5, (("alt", -1.5),) * options.logprobs)],
+                        )
                         for i in range(options.n)
                     ],
                     prompt_tokens=len(prompt_token_ids),
                     finished=last,
+                    prompt_logprobs=_prompt_logprobs(prompt_token_ids, options)
+                    if position == 0
+                    else None,
                 )
         finally:
             self.active.discard(request_id)
@@ -120,6 +155,17 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         self.healthy = False
+
+
+def _prompt_logprobs(
+    prompt_token_ids: list[int], options: SamplingOptions
+) -> list[TokenLogprob | None] | None:
+    """Like vLLM's: None for the first token; each other id `i` is the word of `i` x's."""
+    k = options.prompt_logprobs
+    if k is None:
+        return None
+    rest = [TokenLogprob(" " + "x" * i, -float(i), (("alt", -9.0),) * k) for i in prompt_token_ids]
+    return [None, *rest[1:]]
 
 
 FAKE_MODEL = "fake-model"

@@ -19,12 +19,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware import Middleware
 
 from sluicegate import __version__, wiring
-from sluicegate.api import completions, health, models
+from sluicegate.api import completions, health, models, responses, tokenize
+from sluicegate.api.playground import playground_mount
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.http.admission import AdmissionMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.cache_hits import CacheHitMiddleware
+from sluicegate.http.cors import cors_middleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.http.request_id import RequestIdMiddleware
 from sluicegate.http.state import AppState
@@ -35,7 +37,7 @@ from sluicegate.lifecycle import Lifecycle
 from sluicegate.observability.loop_lag import watch_loop_lag
 from sluicegate.observability.tracing import Tracing
 from sluicegate.offload import ProcessOffload
-from sluicegate.paths import PROBE_PATHS
+from sluicegate.paths import PLAYGROUND_PATH, PROBE_PATHS
 from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ def create_app(
                 service=service,
                 cache=cache,
                 quotas=quotas,
+                responses=wiring.open_response_store(settings, client),
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
@@ -114,8 +117,16 @@ def create_app(
             logger.info("shutting down the engine")
 
     router = APIRouter()
-    for routes in (completions.router, models.router, health.router):
+    for routes in (
+        completions.router,
+        responses.router,
+        models.router,
+        tokenize.router,
+        health.router,
+    ):
         router.include_router(routes)
+    if settings.playground_enabled:
+        router.routes.append(playground_mount())
     app = FastAPI(
         title="sluicegate",
         version=__version__,
@@ -133,8 +144,14 @@ def create_app(
 
 def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
     """The middleware, in the order requests pass through it (the first is outermost)."""
-    stack = [
-        # Outermost, so even a 401 or 503 from the middleware below carries X-Request-Id.
+    stack: list[Middleware] = []
+    if origins := settings.cors_origins:
+        # Outermost: a preflight is answered without a key, and every response below (a 401
+        # or 429 too) carries the CORS headers a page needs to read it.
+        stack.append(cors_middleware(origins))
+    stack += [
+        # Outermost otherwise, so even a 401 or 503 from the middleware below carries
+        # X-Request-Id.
         Middleware(RequestIdMiddleware),
         # Outside the API key and admission checks, so their refusals are counted and logged.
         Middleware(TelemetryMiddleware, model=settings.model_name),
@@ -146,6 +163,8 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
                 ApiKeyMiddleware,
                 keyring=ApiKeyring.parse(settings.api_keys.get_secret_value()),
                 open_paths=open_paths,
+                # The page loads without a key; its API calls send the one typed into it.
+                open_prefixes=(PLAYGROUND_PATH,) if settings.playground_enabled else (),
             )
         )
     stack += [

@@ -13,7 +13,8 @@
     ├── RateLimitError                429 rate_limit_error        code=rate_limit_exceeded
     ├── EngineUnavailableError        503 service_unavailable_error
     │   ├── OverloadedError               code=overloaded
-    │   └── ShuttingDownError             code=shutting_down
+    │   ├── ShuttingDownError             code=shutting_down
+    │   └── StoreUnavailableError         code=store_unavailable
     └── DeadlineExceededError         504 timeout_error           code=timeout
 
 Services and middleware raise these. `http.errors` renders them as
@@ -126,6 +127,11 @@ class OverloadedError(EngineUnavailableError):
 class ShuttingDownError(EngineUnavailableError):
     default_code = "shutting_down"
     default_message = "The server is shutting down. Retry on another replica."
+
+
+class StoreUnavailableError(EngineUnavailableError):
+    default_code = "store_unavailable"
+    default_message = "The response store is not answering. Retry shortly."
 
 
 class DeadlineExceededError(GatewayError):

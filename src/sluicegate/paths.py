@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+CACHE_HIT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+"""Requests a cache hit may answer before routing (`http.cache_hits`). Not the Responses API:
+its answers are stored, which the route does."""
+INFERENCE_PATHS = CACHE_HIT_PATHS | {"/v1/responses"}
 """Requests that reach the engine (or the response cache)."""
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 """Health probes and scrapes: not traced, logged at debug level."""
+PLAYGROUND_PATH = "/playground"
+"""The playground page and its files (`sluicegate/playground/`), served without a key."""

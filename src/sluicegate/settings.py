@@ -7,7 +7,9 @@ A bad value stops start-up with a message that names the setting (see `describe_
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FilePath,
     SecretStr,
     ValidationError,
     field_validator,
@@ -29,6 +32,7 @@ from sluicegate.observability.logs import LogFormat
 from sluicegate.wire.requests import MAX_N, Overflow, Truncation
 
 # Settings whose values must never be echoed, not even in an error message.
+_ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url"})
 ENV_PREFIX = "SLUICEGATE_"
 
@@ -74,6 +78,18 @@ class Settings(BaseSettings):
     )
     revision: str | None = Field(default=None, description="Model revision, for hub ids.")
     trust_remote_code: bool = Field(default=False, description="Allow model code from the hub.")
+    chat_template: FilePath | None = Field(
+        default=None,
+        description="A Jinja chat template file that replaces the model's own. Unset: for the "
+        "bundled model, the shipped SmolLM2 template that renders tools and tool calls; for "
+        "other models, their own.",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM tool parser that reads tool calls in the model's text for "
+        "`tool_choice` auto (`hermes`, `llama3_json`, `pythonic`, ...), or `none`. Unset: "
+        "`hermes` for the bundled model, none otherwise (auto then answers with text).",
+    )
 
     # --- server ----------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address to bind.")
@@ -130,6 +146,19 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
+    )
+
+    # --- browsers ---------------------------------------------------------------------
+    cors_allow_origins: str = Field(
+        default="",
+        description="Comma-separated origins (`https://app.example.com`) whose pages may call "
+        "the API from a browser; `*` allows any. Empty: CORS off, browsers block other "
+        "origins' pages.",
+    )
+    playground: bool | None = Field(
+        default=None,
+        description="Serve the streaming playground page at /playground. Unset: on when "
+        "HOST is a loopback address, off otherwise.",
     )
 
     # --- redis and rate limits -------------------------------------------------------
@@ -236,6 +265,31 @@ class Settings(BaseSettings):
         description="After a Redis failure, seconds the cache is skipped before trying again.",
     )
 
+    # --- responses API store --------------------------------------------------------
+    responses_ttl_seconds: int = Field(
+        default=30 * 24 * 3600,
+        ge=1,
+        description="How long a stored response (`store: true`) can be read or continued "
+        "(`previous_response_id`); 30 days, as OpenAI keeps them.",
+    )
+    responses_memory_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=0,
+        description="Without Redis: bytes of stored responses kept in this process, least "
+        "recently used dropped first.",
+    )
+    responses_max_entry_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="Largest stored response (the response and its whole conversation); a "
+        "larger one is answered but not stored.",
+    )
+    responses_redis_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        description="Seconds one Redis operation of the response store may take (then 503).",
+    )
+
     # --- limits ----------------------------------------------------------------------
     max_in_flight: int = Field(
         default=512, ge=1, description="Inference requests in flight before new ones get a 503."
@@ -275,6 +329,15 @@ class Settings(BaseSettings):
     )
     max_stop_length: int = Field(
         default=1024, ge=1, description="Longest stop sequence accepted, in characters."
+    )
+    max_tools: int = Field(
+        default=128, ge=1, description="Most tools (or functions) in one chat request."
+    )
+    max_tools_bytes: int = Field(
+        default=64 * 1024,
+        ge=256,
+        description="Longest the tools of one request may be, as JSON, in characters: their "
+        "schemas are checked on the event loop and compiled into a grammar for `required`.",
     )
     request_body_timeout: float = Field(
         default=30.0, gt=0, description="Seconds the request body may take to arrive (408)."
@@ -397,6 +460,17 @@ class Settings(BaseSettings):
             ApiKeyring.parse(value.get_secret_value())  # raises ApiKeyError (a ValueError)
         return value
 
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins_parse(cls, value: str) -> str:
+        for origin in (o.strip() for o in value.split(",")):
+            if origin and origin != "*" and not _ORIGIN.fullmatch(origin.rstrip("/")):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port], "
+                    "as a browser sends it in the Origin header"
+                )
+        return value
+
     @model_validator(mode="after")
     def _check_ranges(self) -> Settings:
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -414,6 +488,21 @@ class Settings(BaseSettings):
                 f"({self.budget_min_completion_tokens} >= {self.max_model_len})"
             )
         return self
+
+    @property
+    def cors_origins(self) -> list[str]:
+        return [o.strip().rstrip("/") for o in self.cors_allow_origins.split(",") if o.strip()]
+
+    @property
+    def playground_enabled(self) -> bool:
+        if self.playground is not None:
+            return self.playground
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name
+            return False
 
     @property
     def model_name(self) -> str:

@@ -18,7 +18,13 @@ from redis.exceptions import RedisError
 from sluicegate.cache.response_cache import CacheConfig, ResponseCache
 from sluicegate.cache.store import CacheStore, MemoryStore, RedisStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
-from sluicegate.engine.model import model_identity, resolve_model
+from sluicegate.conversation.store import (
+    MemoryResponseStore,
+    RedisResponseStore,
+    ResponseStore,
+    StoreConfig,
+)
+from sluicegate.engine.model import model_identity, resolve_model, shipped_template
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
 from sluicegate.http.state import Timeouts
@@ -31,6 +37,7 @@ from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
+from sluicegate.wire.tools import ToolLimits
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,7 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_stop_sequences=settings.max_stop_sequences,
         max_stop_length=settings.max_stop_length,
         max_sequences=settings.max_sequences_per_request,
+        tools=ToolLimits(settings.max_tools, settings.max_tools_bytes),
     )
 
 
@@ -146,7 +154,26 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         enforce_eager=settings.enforce_eager,
         cpu_kvcache_space_gib=settings.cpu_kvcache_space_gib,
         structured_compact_whitespace=settings.structured_compact_whitespace,
+        chat_template=chat_template(settings),
+        tool_call_parser=tool_call_parser(settings),
     )
+
+
+def chat_template(settings: Settings) -> str | None:
+    """The template text that replaces the model's own: the setting's file, else for the
+    bundled model the shipped one (it renders tools); None keeps the model's."""
+    if settings.chat_template is not None:
+        return settings.chat_template.read_text(encoding="utf-8")
+    return shipped_template() if settings.model is None else None
+
+
+def tool_call_parser(settings: Settings) -> str | None:
+    """The tool parser for `auto`: the setting (`none` for none), else `hermes` for the
+    bundled model, whose shipped template asks for Hermes-style calls."""
+    name = settings.tool_call_parser
+    if name is None:
+        return "hermes" if settings.model is None else None
+    return None if name.lower() == "none" else name
 
 
 # ---- what the lifespan opens ---------------------------------------------------------------
@@ -259,6 +286,22 @@ async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> 
     )
     return ResponseCache(
         store, TtlPolicy(ttl_rule(settings)), cache_config(settings), settings.model_name, identity
+    )
+
+
+def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseStore:
+    """Stored responses in Redis when there is one (shared by replicas, kept across restarts),
+    else in this process, bounded in bytes."""
+    config = StoreConfig(
+        ttl=settings.responses_ttl_seconds, max_entry_bytes=settings.responses_max_entry_bytes
+    )
+    if client is None:
+        return MemoryResponseStore(config, settings.responses_memory_max_bytes)
+    return RedisResponseStore(
+        client,
+        config,
+        prefix=settings.redis_key_prefix,
+        op_timeout=settings.responses_redis_timeout,
     )
 
 

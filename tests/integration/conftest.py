@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +18,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     process.stop()
 
 
+# Points the tests that take `base_url` (not `gateway`) at a server already running, e.g. vLLM's
+# own OpenAI server on the same model, to check the tests themselves (docs/testing.md).
+EXTERNAL_BASE_URL = "SLUICEGATE_TEST_BASE_URL"
+
+
 @pytest.fixture(scope="session")
-def base_url(gateway: GatewayProcess) -> str:
+def base_url(request: pytest.FixtureRequest) -> str:
+    external = os.environ.get(EXTERNAL_BASE_URL)
+    if external:
+        return external.rstrip("/")
+    gateway: GatewayProcess = request.getfixturevalue("gateway")
     return gateway.url
 
 

@@ -73,7 +73,7 @@ def test_malformed_json_is_a_400(base_url: str) -> None:
                 "messages": [{"role": "user", "content": "hi"}],
                 "tools": [{"type": "function"}],
             },
-            "tools",
+            "tools.0.function",
         ),
     ],
 )

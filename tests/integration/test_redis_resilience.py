@@ -1,6 +1,6 @@
 """Gateways on a real Redis (their own server, so it can be killed): rate limits and the
-response cache through Redis faults under load, both shared by two replicas, and each
-replica's share of the limits while Redis is down."""
+response cache through Redis faults under load, both shared by two replicas, the Responses
+API's store shared by them, and each replica's share of the limits while Redis is down."""
 
 from __future__ import annotations
 
@@ -156,6 +156,33 @@ async def test_fifty_identical_requests_on_two_replicas_generate_once(
     assert sum(after) - sum(before) == 1, (before, after)
     assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]
     assert len({json.dumps(r.json()["choices"]) for r in responses}) == 1
+
+
+def test_a_stored_response_is_read_by_the_other_replica_and_only_under_its_key(
+    replica_a: GatewayProcess, replica_b: GatewayProcess
+) -> None:
+    """The Responses API's store on Redis: what one gateway process stores, another reads
+    and continues (as after a restart); another key finds nothing."""
+    busy = {"authorization": f"Bearer {BUSY_KEY}"}
+    other = {"authorization": f"Bearer {LOCAL_KEY}"}
+    body = {"model": MODEL_NAME, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0}
+    created = httpx.post(f"{replica_a.url}/v1/responses", json=body, headers=busy, timeout=60)
+    assert created.status_code == 200
+    response_id = created.json()["id"]
+    read = httpx.get(f"{replica_b.url}/v1/responses/{response_id}", headers=busy, timeout=10)
+    assert read.status_code == 200 and read.json() == created.json()
+    for url in (replica_a.url, replica_b.url):
+        hidden = httpx.get(f"{url}/v1/responses/{response_id}", headers=other, timeout=10)
+        assert hidden.status_code == 404
+    follow = {**body, "input": "Again.", "previous_response_id": response_id}
+    continued = httpx.post(f"{replica_b.url}/v1/responses", json=follow, headers=busy, timeout=60)
+    assert continued.status_code == 200
+    usage = created.json()["usage"]
+    assert continued.json()["usage"]["input_tokens"] > usage["total_tokens"]
+    deleted = httpx.delete(f"{replica_b.url}/v1/responses/{response_id}", headers=busy)
+    assert deleted.json() == {"id": response_id, "object": "response", "deleted": True}
+    gone = httpx.get(f"{replica_a.url}/v1/responses/{response_id}", headers=busy, timeout=10)
+    assert gone.status_code == 404
 
 
 async def test_two_replicas_share_one_limit(

@@ -106,3 +106,28 @@ async def test_an_evicting_redis_for_rate_limits_is_warned_about(
         assert "RATE_LIMIT_REDIS_URL" in warning.getMessage()
     finally:
         server.kill()
+
+
+def test_the_bundled_model_gets_the_shipped_template_and_hermes(tmp_path: Path) -> None:
+    config = wiring.engine_config(settings(), str(tmp_path))
+    assert config.chat_template is not None and "<tool_call>" in config.chat_template
+    assert config.tool_call_parser == "hermes"
+    assert wiring.request_limits(settings(max_tools=3)).tools.max_tools == 3
+
+
+def test_other_models_keep_their_template_and_get_no_parser_unless_set(tmp_path: Path) -> None:
+    other = settings(model=str(tmp_path))
+    assert (wiring.chat_template(other), wiring.tool_call_parser(other)) == (None, None)
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    chosen = settings(model=str(tmp_path), chat_template=template, tool_call_parser="pythonic")
+    assert wiring.chat_template(chosen) == "{{ messages }}"
+    assert wiring.tool_call_parser(chosen) == "pythonic"
+    assert wiring.tool_call_parser(settings(tool_call_parser="none")) is None
+
+
+def test_a_missing_template_file_is_refused_at_start(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        settings(chat_template=tmp_path / "missing.jinja")

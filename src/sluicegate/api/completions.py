@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
@@ -31,7 +32,7 @@ from sluicegate.observability.record import current_request
 from sluicegate.observability.tracing import span
 from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import render_cached
+from sluicegate.wire.events import render_cached, stream_writer
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["completions"], route_class=LargeBodyRoute)
@@ -70,11 +71,22 @@ class Exchange:
     reservation: Reservation | None = None
     follows: bool = False
     """Whether the response comes from an identical request's run."""
+    answered: Callable[[], Awaitable[None]] | None = None
+    """Told when the whole response is rendered (before a stream's last events are sent);
+    not when it failed."""
 
     @classmethod
-    def start(cls, run: Run, stream: bool, request: Request, state: AppState) -> Exchange:
+    def start(
+        cls,
+        run: Run,
+        stream: bool,
+        request: Request,
+        state: AppState,
+        answered: Callable[[], Awaitable[None]] | None = None,
+    ) -> Exchange:
         deadline = asyncio.get_running_loop().time() + state.timeouts.request
-        return cls(run, stream, request, state, api_key_id(request.scope), deadline)
+        key_id = api_key_id(request.scope)
+        return cls(run, stream, request, state, key_id, deadline, answered=answered)
 
     async def respond(self) -> Response:
         await self.admit()
@@ -133,6 +145,8 @@ class Exchange:
         if (record := current_request()) is not None:
             record.add_usage(completion.prompt_tokens, completion.completion_tokens)
         await self._settle(completion.completion_tokens)
+        if self.answered is not None:
+            await self.answered()
         return Response(answer.body, headers={**answer.headers, **self.headers})
 
     def output(self, lookup: Lookup) -> DeltaSource:
@@ -157,6 +171,7 @@ class Exchange:
             headers=self.headers,
             deadline=self.deadline,
             stall_limit=self.state.timeouts.stream_stall,
+            ending=stream_writer(self.run.format),
         )
 
     async def collect(self, deltas: DeltaSource) -> Response:
@@ -168,14 +183,17 @@ class Exchange:
             )
         finally:
             await deltas.aclose()  # also when the collection never started
+        body = self.run.format.response(completion)
         await self._finish(completion)
-        return JSONResponse(self.run.format.response(completion), headers=self.headers)
+        return JSONResponse(body, headers=self.headers)
 
     async def _finish(self, completion: Completion) -> None:
         """The response ended normally (its tokens are settled by `on_end`)."""
         if self.follows and (record := current_request()) is not None:
             # A follower's tokens were generated for another request (which counts them).
             record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+        if self.answered is not None:
+            await self.answered()
 
     def _fell_back(self) -> None:
         """The run this request followed was lost before it gave any output: it generates

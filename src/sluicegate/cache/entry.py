@@ -27,7 +27,8 @@ class _Strict(BaseModel):
 
 class _Logprob(_Strict):
     token: str
-    logprob: float
+    logprob: float | None = None
+    """None (left out of the entry) for an echoed prompt's first token."""
     top: list[tuple[str, float]] = Field(default_factory=list)
 
 

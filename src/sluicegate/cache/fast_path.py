@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sluicegate.inference.run import Run
 from sluicegate.lru import BoundedLRU
-from sluicegate.wire.formats import ChatFormat
+from sluicegate.wire.formats import ResponseFormat
 
 # Bounds of the memos; worst case 16 MiB of remembered bodies.
 MAX_SHAPES = 8192
@@ -32,7 +32,8 @@ class HitShape:
     """What answering a request body from the cache takes."""
 
     key: str
-    chat: bool
+    format: ResponseFormat
+    """The run's format; each hit renders through a renewed copy (tool calls included)."""
     stream: bool
     include_usage: bool
     prompt_tokens: int
@@ -41,8 +42,7 @@ class HitShape:
     @classmethod
     def of(cls, key: str, run: Run, stream: bool) -> HitShape:
         budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
-        chat = isinstance(run.format, ChatFormat)
-        return cls(key, chat, stream, run.include_usage, run.prompt_tokens, budget)
+        return cls(key, run.format, stream, run.include_usage, run.prompt_tokens, budget)
 
 
 class FastPath:

@@ -39,8 +39,11 @@ def cache_key(
     prompts: list[list[int]],
     options: SamplingOptions,
     namespace: str | None = None,
+    shape: object = None,
 ) -> str:
-    header = [
+    """`shape`: what the response adds to the engine's output, as JSON data (the prompts
+    that completions `echo` puts first)."""
+    header: list[object] = [
         KEY_VERSION,
         endpoint,
         model_identity,
@@ -49,6 +52,8 @@ def cache_key(
         [(name, _plain(getattr(options, name))) for name in _OPTION_FIELDS],
         len(prompts),
     ]
+    if shape is not None:  # so keys of runs without one stay what they were
+        header.append(shape)
     digest = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())
     for prompt in prompts:
         # Length first, so prompt boundaries are part of what is hashed.

@@ -163,6 +163,7 @@ class ResponseCache:
             run.prompts,
             run.options,
             namespace=key_id if config.per_key else None,
+            shape=None if run.echo is None else run.echo.key(),
         )
 
     async def lookup(

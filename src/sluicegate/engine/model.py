@@ -21,10 +21,19 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPECTED_EOS = "<|im_end|>"
 # Written last: a folder without it is a half-finished conversion and is redone.
 READY_MARKER = ".sluicegate-ready"
+SHIPPED_TEMPLATE = "smollm2_tools.jinja"
+"""The bundled model's chat template with tools (package data, `engine/templates/`)."""
 
 
 class ModelError(Exception):
     """The model cannot be used; the message is one line meant for the operator."""
+
+
+def shipped_template() -> str:
+    """SmolLM2's chat template extended with tools, shipped in this package."""
+    from importlib.resources import files
+
+    return (files("sluicegate.engine") / "templates" / SHIPPED_TEMPLATE).read_text("utf-8")
 
 
 def bundled_model_dir(cache_dir: Path) -> Path:

@@ -6,9 +6,9 @@ imports vLLM, so gateway logic can be typed and tested without it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 MAX_TOKEN_CHARS = 128
@@ -61,7 +61,8 @@ class SamplingOptions:
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: float | None
+    """None only for a prompt's first token, which nothing predicts (completions `echo`)."""
     top: tuple[tuple[str, float], ...] = ()
 
 
@@ -112,18 +113,32 @@ class ChatEncoding:
             object.__setattr__(self, "length", len(self.ids))
 
 
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    ids: list[int]
+    strings: list[str] | None = None
+
+
+ChatMessages = Sequence[Mapping[str, Any]]
+"""Messages as chat templates take them: `role` and `content` (text), and where the message
+has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`."""
+Tools = Sequence[Mapping[str, Any]]
+"""Tools as chat templates take them (OpenAI's `{"type": "function", "function": {...}}`)."""
+
+
 class PromptTokenizer(Protocol):
     """Turns requests into the token ids the engine receives."""
 
     @property
     def vocab_size(self) -> int: ...
 
-    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template with a generation prompt, then tokenize."""
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+        """Apply the model's chat template with a generation prompt, then tokenize. `tools`
+        are rendered by the template (into the first system turn, for the shipped one)."""
         ...
 
     async def encode_chat_counted(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
         """`encode_chat`, with the ids attributed to the messages (for the token budget).
         With more than `ids_up_to` ids, only their number is returned (`ChatEncoding.length`)."""
@@ -137,10 +152,83 @@ class PromptTokenizer(Protocol):
         """Tokenize plain text, the way the engine would for a completion prompt."""
         ...
 
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        """Tokenize text (`/tokenize`): its ids, and with `with_strings` each id's token
+        string as the vocabulary spells it."""
+        ...
+
+    async def render_chat(
+        self,
+        messages: ChatMessages,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The chat template applied to the messages, as text."""
+        ...
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids (special tokens kept), as vLLM's server detokenizes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCall:
+    name: str
+    arguments: str
+    """JSON text."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCalls:
+    """A whole completion's text split by a tool parser: the calls, and the text left."""
+
+    content: str | None
+    calls: tuple[ParsedToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFragment:
+    """A piece of the `index`th call: its name when it first appears, then argument text."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDelta:
+    content: str | None = None
+    calls: tuple[ToolCallFragment, ...] = ()
+
+
+class ToolCallStream(Protocol):
+    """One streamed choice's tool parser: holds what it has seen."""
+
+    def feed(self, text: str) -> ParsedDelta:
+        """The content and call fragments `text` (the next piece of output) completes."""
+        ...
+
+
+class ToolCallParser(Protocol):
+    """Finds tool calls in a model's text in the model's own format (`tool_call_parser`)."""
+
+    name: str
+
+    def extract(self, text: str, tools: Tools) -> ParsedToolCalls: ...
+
+    def stream(self, tools: Tools) -> ToolCallStream: ...
+
 
 class EngineClient(Protocol):
     @property
     def tokenizer(self) -> PromptTokenizer: ...
+
+    @property
+    def tool_parser(self) -> ToolCallParser | None:
+        """The parser for `tool_choice` "auto", if one is configured."""
+        ...
 
     @property
     def max_model_len(self) -> int: ...

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding
+from sluicegate.engine.protocol import (
+    MAX_TOKEN_CHARS,
+    ChatEncoding,
+    ChatMessages,
+    Tokenized,
+    Tools,
+)
 from sluicegate.lru import BoundedLRU
 
 T = TypeVar("T")
@@ -36,8 +43,15 @@ MEMO_MAX_CHARS = 8 * 1024 * 1024  # about 2M tokens held, some 20 MiB with their
 class HFPromptTokenizer:
     """`PromptTokenizer` over a Hugging Face tokenizer (what vLLM's `get_tokenizer` returns)."""
 
-    def __init__(self, tokenizer: Any, inline_limit_chars: int = INLINE_LIMIT_CHARS):
+    def __init__(
+        self,
+        tokenizer: Any,
+        inline_limit_chars: int = INLINE_LIMIT_CHARS,
+        chat_template: str | None = None,
+    ):
+        """`chat_template` (Jinja text) replaces the model's own."""
         self._tokenizer = tokenizer
+        self._template = chat_template
         self._inline_limit = inline_limit_chars
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         # A fast tokenizer's Rust core, called directly where only lengths and offsets are
@@ -47,10 +61,10 @@ class HFPromptTokenizer:
             if getattr(tokenizer, "is_fast", False)
             else None
         )
-        if not getattr(tokenizer, "chat_template", None):
+        if not chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("the model's tokenizer has no chat template")
         # Repeated conversations (retries, agents, cache hits) skip the template and encoding.
-        self._memo: BoundedLRU[tuple[tuple[str, str], ...], ChatEncoding] = BoundedLRU(
+        self._memo: BoundedLRU[tuple[object, ...], ChatEncoding] = BoundedLRU(
             MEMO_MAX_ENTRIES, MEMO_MAX_CHARS
         )
 
@@ -58,19 +72,20 @@ class HFPromptTokenizer:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
-    async def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return await self._run(_chat_size(messages), self._encode_chat_sync, messages)
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+        size = _chat_size(messages, tools)
+        return await self._run(size, self._encode_chat_sync, messages, tools)
 
     async def encode_chat_counted(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
-        key = tuple((m["role"], m["content"]) for m in messages)
+        key = _memo_key(messages, tools)
         found = self._memo.get(key)
         if found is not None:
             # A list of its own: the ids become the run's prompt.
             return dataclasses.replace(found, ids=list(found.ids))
-        size = _chat_size(messages)
-        encoding = await self._run(size, self._encode_chat_counted_sync, messages, ids_up_to)
+        size = _chat_size(messages, tools)
+        encoding = await self._run(size, self._encode_chat_counted_sync, messages, ids_up_to, tools)
         if size <= MEMO_MAX_CHARS and encoding.length == len(encoding.ids):
             self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
         return encoding
@@ -82,23 +97,68 @@ class HFPromptTokenizer:
         size = sum(len(t) for t in texts) + MESSAGE_WEIGHT_CHARS * len(texts)
         return await self._run(size, self._count_sync, texts)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return str(self._tokenizer.decode(token_ids))
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        return await self._run(
+            len(text), self._tokenize_sync, text, add_special_tokens, with_strings
+        )
+
+    async def render_chat(
+        self,
+        messages: ChatMessages,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        return await self._run(
+            _chat_size(messages),
+            self.render,
+            messages,
+            None,
+            add_generation_prompt,
+            continue_final_message,
+        )
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        # Decoding costs about what encoding does per token; a token is a few characters.
+        return await self._run(4 * len(token_ids), self._decode_sync, token_ids)
+
+    def _decode_sync(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    def _tokenize_sync(self, text: str, add_special_tokens: bool, with_strings: bool) -> Tokenized:
+        ids = list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        strings = None
+        if with_strings:
+            strings = [str(s) for s in self._tokenizer.convert_ids_to_tokens(ids)]
+        return Tokenized(ids, strings)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _render(self, messages: Sequence[dict[str, str]]) -> str:
+    def render(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The prompt text: the chat template applied (with a generation prompt by default)."""
         return str(
             self._tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                chat_template=self._template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
             )
         )
 
-    def _encode_chat_sync(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def _encode_chat_sync(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
         # Same two steps as vLLM's server: render the template to text, then tokenize it
         # without adding special tokens again (the template already has them).
-        return self._encode_rendered(self._render(messages))
+        return self._encode_rendered(self.render(messages, tools))
 
     def _encode_rendered(self, text: str) -> list[int]:
         if self._backend is not None:
@@ -106,11 +166,11 @@ class HFPromptTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _encode_chat_counted_sync(
-        self, messages: Sequence[dict[str, str]], ids_up_to: int | None = None
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
     ) -> ChatEncoding:
-        text = self._render(messages)
+        text = self.render(messages, tools)
         if ids_up_to is not None and len(text) > MAX_TOKEN_CHARS * max(ids_up_to, 1):
-            return self._bounded_encoding(messages)
+            return self._bounded_encoding(messages, tools)
         contents = [m["content"] for m in messages]
         spans = content_spans(text, contents)
         if spans is None or self._backend is None:
@@ -120,7 +180,7 @@ class HFPromptTokenizer:
         ids = encoding.ids if ids_up_to is None or length <= ids_up_to else []
         return attributed_encoding(ids, tokens_before(encoding, len(text)), spans, length)
 
-    def _bounded_encoding(self, messages: Sequence[dict[str, str]]) -> ChatEncoding:
+    def _bounded_encoding(self, messages: ChatMessages, tools: Tools | None) -> ChatEncoding:
         """The counts of a prompt too long to fit by its characters alone, without tokenizing
         megabytes: an encoding of millions of tokens takes seconds to make and, when it is
         freed, tens of milliseconds holding the GIL. Contents longer than
@@ -132,7 +192,8 @@ class HFPromptTokenizer:
         counts = [
             exact.get(i) or len(c.encode("utf-8", "surrogatepass")) for i, c in enumerate(contents)
         ]
-        framing = len(self._encode_rendered(self._render([{**m, "content": ""} for m in messages])))
+        empty = [{**m, "content": ""} for m in messages]
+        framing = len(self._encode_rendered(self.render(empty, tools)))
         per_message = framing // (len(messages) + 1)
         return ChatEncoding(
             [],
@@ -167,8 +228,29 @@ class HFPromptTokenizer:
         return await loop.run_in_executor(self._executor, fn, *args)
 
 
-def _chat_size(messages: Sequence[dict[str, str]]) -> int:
-    return sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
+def _chat_size(messages: ChatMessages, tools: Tools | None = None) -> int:
+    size = sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
+    # Tools are rendered as JSON (up to `max_tools_bytes`): weigh them as such; tool calls
+    # by a short estimate each.
+    calls = sum(len(m.get("tool_calls") or ()) for m in messages)
+    tools_size = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
+    return size + tools_size + MESSAGE_WEIGHT_CHARS * 4 * calls
+
+
+def _memo_key(messages: ChatMessages, tools: Tools | None) -> tuple[object, ...]:
+    """Everything the template renders: roles and contents, and the tool fields (as JSON,
+    only where a message has them) and the tools."""
+    parts: list[object] = [
+        (m["role"], m["content"], _extra(m) if len(m) > 2 else None) for m in messages
+    ]
+    if tools:
+        parts.append(json.dumps(list(tools), sort_keys=True, ensure_ascii=False))
+    return tuple(parts)
+
+
+def _extra(message: Mapping[str, Any]) -> str:
+    extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+    return json.dumps(extra, sort_keys=True, ensure_ascii=False)
 
 
 def content_spans(text: str, contents: Sequence[str]) -> list[tuple[int, int]] | None:

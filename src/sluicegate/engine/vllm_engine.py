@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,10 @@ from sluicegate.engine.protocol import (
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
+    ToolCallParser,
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.engine.tool_parser import VLLMToolCallParser
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -63,6 +65,10 @@ class EngineConfig:
     structured_compact_whitespace: bool = True
     """JSON grammars allow no free whitespace (vLLM applies this engine-wide: its xgrammar
     backend ignores the per-request flag)."""
+    chat_template: str | None = None
+    """Jinja text replacing the model's chat template."""
+    tool_call_parser: str | None = None
+    """vLLM's name of the tool parser for `tool_choice` auto."""
 
 
 def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
@@ -106,10 +112,17 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
 class VLLMEngine:
     """`EngineClient` over an in-process `AsyncLLM` whose core runs in a child process."""
 
-    def __init__(self, llm: AsyncLLM, tokenizer: HFPromptTokenizer, max_model_len: int):
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        tokenizer: HFPromptTokenizer,
+        max_model_len: int,
+        tool_parser: ToolCallParser | None = None,
+    ):
         self._llm = llm
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
+        self._tool_parser = tool_parser
 
     @classmethod
     async def start(cls, config: EngineConfig) -> VLLMEngine:
@@ -135,12 +148,24 @@ class VLLMEngine:
             enable_log_requests=False,
             disable_log_stats=False,
         )
-        tokenizer = HFPromptTokenizer(llm.get_tokenizer())
-        return cls(llm, tokenizer, vllm_config.model_config.max_model_len)
+        try:
+            hf_tokenizer = llm.get_tokenizer()
+            tokenizer = HFPromptTokenizer(hf_tokenizer, chat_template=config.chat_template)
+            parser = None
+            if config.tool_call_parser is not None:
+                parser = VLLMToolCallParser(config.tool_call_parser, hf_tokenizer)
+        except BaseException:
+            llm.shutdown()
+            raise
+        return cls(llm, tokenizer, vllm_config.model_config.max_model_len, parser)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:
         return self._tokenizer
+
+    @property
+    def tool_parser(self) -> ToolCallParser | None:
+        return self._tool_parser
 
     @property
     def max_model_len(self) -> int:
@@ -172,12 +197,21 @@ class VLLMEngine:
             stream = self._llm.generate(prompt, params, request_id, priority=priority)
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
+            scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
             async with contextlib.aclosing(stream):
                 async for output in stream:
+                    prompt_ids = output.prompt_token_ids or ()
+                    prompt_logprobs = None
+                    if options.prompt_logprobs is not None and output.prompt_logprobs:
+                        prompt_logprobs = _prompt_logprobs(
+                            prompt_ids[scored:], output.prompt_logprobs, options.prompt_logprobs
+                        )
+                        scored += len(prompt_logprobs)
                     yield EngineStep(
                         choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
-                        prompt_tokens=len(output.prompt_token_ids or ()),
+                        prompt_tokens=len(prompt_ids),
                         finished=output.finished,
+                        prompt_logprobs=prompt_logprobs,
                     )
         except EngineDeadError as exc:
             raise EngineUnavailableError() from exc
@@ -287,6 +321,16 @@ def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
         finish_reason=finish,
         logprobs=logprobs,
     )
+
+
+def _prompt_logprobs(
+    token_ids: Sequence[int], positions: Sequence[Any], top_k: int
+) -> list[TokenLogprob | None]:
+    """vLLM's prompt logprobs: None for the first prompt token, which nothing predicts."""
+    return [
+        None if position is None else _token_logprob(token_id, position, top_k)
+        for token_id, position in zip(token_ids, positions, strict=False)
+    ]
 
 
 # JSON has no -inf; OpenAI-compatible servers report impossible tokens as -9999.

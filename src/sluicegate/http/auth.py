@@ -13,19 +13,27 @@ from sluicegate.keys import ApiKeyring
 
 
 class ApiKeyMiddleware:
-    """Refuse requests without a valid bearer key, except on the open paths.
+    """Refuse requests without a valid bearer key, except on the open paths (exact) and
+    under the open prefixes (static pages, whose API calls carry the key).
 
     Every refusal is the same 401, whether the header was absent, malformed or wrong. The
     key's public id goes into the request state (`asgi.api_key_id`).
     """
 
-    def __init__(self, app: ASGIApp, keyring: ApiKeyring, open_paths: frozenset[str]):
+    def __init__(
+        self,
+        app: ASGIApp,
+        keyring: ApiKeyring,
+        open_paths: frozenset[str],
+        open_prefixes: tuple[str, ...] = (),
+    ):
         self.app = app
         self.keyring = keyring
         self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] != "http" or self._is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
         key = self.keyring.identify(_bearer_token(scope))
@@ -34,6 +42,11 @@ class ApiKeyMiddleware:
             return
         set_api_key_id(scope, key)
         await self.app(scope, receive, send)
+
+    def _is_open(self, path: str) -> bool:
+        if path in self.open_paths:
+            return True
+        return any(path == p or path.startswith(p + "/") for p in self.open_prefixes)
 
 
 def _bearer_token(scope: Scope) -> str:

@@ -22,11 +22,10 @@ from sluicegate.http.asgi import api_key_id, header, read_body, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import app_state
 from sluicegate.observability.record import current_request
-from sluicegate.paths import INFERENCE_PATHS
+from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached
-from sluicegate.wire.formats import chat_format, completion_format
 
 _FINGERPRINT = "cache_fingerprint"
 
@@ -51,7 +50,7 @@ class CacheHitMiddleware:
         if (
             scope["type"] != "http"
             or scope["method"] != "POST"
-            or scope["path"] not in INFERENCE_PATHS
+            or scope["path"] not in CACHE_HIT_PATHS
             or state is None
             or cache_control(scope).no_cache
         ):
@@ -87,10 +86,7 @@ async def _answer(
     except GatewayError as exc:
         await send_error(send, exc)
         return
-    new_format = chat_format if shape.chat else completion_format
-    answer = render_cached(
-        new_format(model, shape.include_usage), completion, shape.stream, shape.include_usage
-    )
+    answer = render_cached(shape.format.renewed(), completion, shape.stream, shape.include_usage)
     headers = {**answer.headers, **quota_headers, **dict(shape.headers), **hit.headers()}
     if (record := current_request()) is not None:
         record.add_usage(completion.prompt_tokens, completion.completion_tokens)

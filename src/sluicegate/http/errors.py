@@ -27,7 +27,7 @@ from starlette.types import Send
 from sluicegate.errors import GatewayError, InvalidRequestError, error_for_status
 from sluicegate.http.disconnect import ClientDisconnected
 from sluicegate.observability.metrics import count_error
-from sluicegate.wire.events import SSE_DONE, sse_event
+from sluicegate.wire.events import StreamWriter, error_events
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +127,11 @@ async def send_error(send: Send, error: GatewayError) -> None:
 # ---- a stream that has started -------------------------------------------------------------
 
 
-async def send_error_event(send: Send, error: GatewayError) -> None:
-    """End a started stream with `error` as its last event, then `[DONE]`."""
+async def send_error_event(
+    send: Send, error: GatewayError, writer: StreamWriter | None = None
+) -> None:
+    """End a started stream with `error` as its writer renders it (by default, as chat
+    streams end: the error as the last event, then `[DONE]`)."""
     count_error(error)
-    payload = sse_event(error.to_body()) + SSE_DONE
+    payload = error_events(error) if writer is None else writer.error(error)
     await send({"type": "http.response.body", "body": payload, "more_body": True})

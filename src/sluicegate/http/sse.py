@@ -7,7 +7,8 @@
   streams: when the client leaves, the event source is cancelled, which closes the engine
   generator and aborts the request in the engine.
 - An error raised after the first byte cannot change the status any more; it is sent as an
-  OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`).
+  OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`);
+  a stream with a writer of its own (`ending`: the Responses API's) ends as that renders it.
 - Every `send` is bounded like the wait for an event (`stall_timeout`, `deadline`): a client
   that stops reading fills the socket buffers, and the server's `send` then blocks. The
   stream ends as if stalled: the event source is closed first (the engine request is
@@ -28,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sluicegate.errors import DeadlineExceededError, GatewayError
 from sluicegate.http.disconnect import ClientDisconnected, until_disconnect
 from sluicegate.http.errors import send_error_event
-from sluicegate.wire.events import SSE_DONE, SSE_HEADERS
+from sluicegate.wire.events import SSE_DONE, SSE_HEADERS, StreamWriter
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,12 @@ class EventStreamResponse(Response):
         headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
         stall_timeout: float | None = None,
+        ending: StreamWriter | None = None,
     ):
         """`deadline` is an event-loop time by which the stream must end; `stall_timeout` the
         longest wait for the next event, and for each send. Either ends the stream with an
-        error event, which closes the source and aborts the engine request."""
+        error event, which closes the source and aborts the engine request. `ending` renders
+        the stream's end (`[DONE]`, or the error events) when it is not a chat stream's."""
         # Like Starlette's StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
@@ -66,6 +69,7 @@ class EventStreamResponse(Response):
         self._first = first
         self._deadline = deadline
         self._stall_timeout = stall_timeout
+        self._ending = ending
         self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,9 +93,10 @@ class EventStreamResponse(Response):
         try:
             async with asyncio.timeout(closing):
                 if error is None:
-                    await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
+                    done = SSE_DONE if self._ending is None else self._ending.done()
+                    await send({"type": "http.response.body", "body": done, "more_body": True})
                 else:
-                    await send_error_event(send, error)
+                    await send_error_event(send, error, self._ending)
                 await send(_END)
         except TimeoutError:
             logger.info("a stream's client stopped reading; dropping its connection")
@@ -155,6 +160,7 @@ async def open_event_stream(
     headers: Mapping[str, str] | None = None,
     deadline: float | None = None,
     stall_limit: float | None = None,
+    ending: StreamWriter | None = None,
 ) -> EventStreamResponse:
     """The response for `events`, once the first of them has come (see the module doc).
 
@@ -171,5 +177,10 @@ async def open_event_stream(
         await events.aclose()
         raise
     return EventStreamResponse(
-        events, first=first, headers=headers, deadline=deadline, stall_timeout=stall_limit
+        events,
+        first=first,
+        headers=headers,
+        deadline=deadline,
+        stall_timeout=stall_limit,
+        ending=ending,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from sluicegate.cache.response_cache import ResponseCache
+from sluicegate.conversation.store import ResponseStore
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.inference.service import CompletionService
 from sluicegate.lifecycle import Lifecycle
@@ -34,6 +35,8 @@ class AppState:
     service: CompletionService
     cache: ResponseCache
     quotas: Quotas
+    responses: ResponseStore
+    """Stored responses of the Responses API."""
     lifecycle: Lifecycle
     timeouts: Timeouts
     processes: ProcessOffload

@@ -15,11 +15,10 @@ Every fitted request carries a `BudgetReport`, sent back as `X-Budget-*` headers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, PromptTokenizer
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatMessages, PromptTokenizer, Tools
 from sluicegate.errors import ContextLengthExceededError
 from sluicegate.inference.truncation import truncate_chat
 from sluicegate.observability.metrics import (
@@ -44,6 +43,17 @@ class BudgetPolicy:
     completion_truncation: Truncation = "disabled"
 
 
+BUDGET_HEADERS = (
+    "X-Budget-Prompt-Tokens-Before",
+    "X-Budget-Prompt-Tokens-After",
+    "X-Budget-Messages-Dropped",
+    "X-Budget-Truncation",
+    "X-Budget-Max-Tokens",
+    "X-Budget-Max-Tokens-Source",
+)
+"""The headers that say what the token budget did (`BudgetReport.headers`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetReport:
     """What the budget did to a request; for a batch of prompts, token counts are sums."""
@@ -60,14 +70,15 @@ class BudgetReport:
         return bool(self.steps)
 
     def headers(self) -> dict[str, str]:
-        return {
-            "X-Budget-Prompt-Tokens-Before": str(self.prompt_tokens_before),
-            "X-Budget-Prompt-Tokens-After": str(self.prompt_tokens_after),
-            "X-Budget-Messages-Dropped": str(self.messages_dropped),
-            "X-Budget-Truncation": ",".join(self.steps) or "none",
-            "X-Budget-Max-Tokens": str(self.max_tokens),
-            "X-Budget-Max-Tokens-Source": self.max_tokens_source,
-        }
+        values = (
+            self.prompt_tokens_before,
+            self.prompt_tokens_after,
+            self.messages_dropped,
+            ",".join(self.steps) or "none",
+            self.max_tokens,
+            self.max_tokens_source,
+        )
+        return {name: str(value) for name, value in zip(BUDGET_HEADERS, values, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,23 +98,26 @@ class TokenBudget:
 
     async def fit_chat(
         self,
-        messages: Sequence[dict[str, str]],
+        messages: ChatMessages,
         *,
         max_tokens: int | None,
         min_tokens: int = 0,
         truncation: Truncation | None = None,
+        tools: Tools | None = None,
     ) -> FittedPrompts:
-        """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use."""
+        """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use.
+
+        `tools` are rendered into the prompt and counted; truncation never removes them."""
         ask = _Ask(max_tokens, min_tokens, "messages")
         limit = self._prompt_limit(ask)
-        encoding = await self._tokenizer.encode_chat_counted(messages, ids_up_to=limit)
+        encoding = await self._tokenizer.encode_chat_counted(messages, ids_up_to=limit, tools=tools)
         before = encoding.length
         if before <= limit:
             return self._fitted([encoding.ids], before, ask)
         # Truncation off, or the completion alone asking for the whole context: a 400.
         if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
             self._check_fits(before, limit, ask.param)
-        result = await truncate_chat(self._tokenizer, messages, encoding, limit)
+        result = await truncate_chat(self._tokenizer, messages, encoding, limit, tools)
         after = len(result.ids)
         if after > limit and ask.insists(self._policy):
             self._check_fits(before, limit, ask.param)
@@ -112,8 +126,10 @@ class TokenBudget:
                 f"This model's maximum context length is {self._max_model_len} tokens and the "
                 f"completion needs at least {self._max_model_len - limit} of them. However, "
                 f"the messages take {before} tokens, and still {after} with every older turn "
-                f"removed: the last user message alone does not fit in {limit} tokens. Please "
-                "reduce the length of the messages.",
+                f"removed: the last user message alone does not fit in {limit} tokens"
+                + (" beside the tools, which are always kept" if tools else "")
+                + ". Please reduce the length of the messages"
+                + (" or the tools." if tools else "."),
                 param="messages",
             )
         dropped = len(messages) - len(result.kept)

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluicegate.engine.protocol import SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.wire.formats import ResponseFormat
+from sluicegate.wire.tools import ToolLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """Completions `echo`: each choice's text starts with its prompt's."""
+
+    texts: tuple[str, ...]
+    """Each prompt's text: as sent, or its ids detokenized (token prompts, cut prompts)."""
+    first_tokens: tuple[str, ...]
+    """Each prompt's first token as text (the one prompt token without a logprob)."""
+    scores_only: bool = False
+    """`max_tokens` 0: the prompt is the whole answer; the one token the engine has to
+    generate is dropped (and not counted), as vLLM's server does."""
+
+    def key(self) -> list[object]:
+        """What the echo adds to a response, for the cache key."""
+        return [list(self.texts), self.scores_only]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +42,7 @@ class Run:
     budget: BudgetReport | None = None
     priority: int = 0
     """The engine priority (vLLM runs lower values first; 0 unless scheduling is fair)."""
+    echo: Echo | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
@@ -60,6 +79,7 @@ class RequestLimits:
     max_stop_length: int = 1024
     max_sequences: int = 64
     """Sequences (prompts × n) one request may start."""
+    tools: ToolLimits = field(default_factory=ToolLimits)
 
     def check_sequences(self, prompts: int, n: int) -> None:
         if prompts * n > self.max_sequences:

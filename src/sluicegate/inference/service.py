@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Protocol, TypeVar
 
 from sluicegate.engine.protocol import (
@@ -19,25 +19,29 @@ from sluicegate.engine.protocol import (
     EngineStep,
     SamplingOptions,
     StructuredOutput,
+    TokenLogprob,
 )
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
-from sluicegate.inference.run import RequestLimits, Run
+from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
     ConstraintCheck,
+    Requested,
     StructuredLimits,
     requested_constraint,
 )
 from sluicegate.inference.telemetry import GenerationTelemetry, count_structured
 from sluicegate.wire.completion import Collector, Completion
-from sluicegate.wire.events import EventWriter
-from sluicegate.wire.formats import ChatFormat, chat_format, completion_format
+from sluicegate.wire.events import stream_writer
+from sluicegate.wire.formats import ChatFormat, CompletionFormat, chat_format, completion_format
 from sluicegate.wire.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingRequest,
     Truncation,
 )
+from sluicegate.wire.response_format import ResponsesFormat
+from sluicegate.wire.tools import ToolSetup
 
 T = TypeVar("T")
 OnEnd = Callable[[int], Awaitable[None]]
@@ -83,14 +87,16 @@ class CompletionService:
             )
         self._check_sampling(request)
         self._limits.check_sequences(1, request.n)
-        structured = await self._constraint(request)
+        tools = request.tool_setup(self._limits.tools)
+        structured = await self._constraint(request, tools)
         fitted = await self._budget.fit_chat(
             request.prompt_messages(),
             max_tokens=request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
+            tools=tools.tools,
         )
-        fmt = chat_format(self._model_name, request.include_usage)
+        fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted.max_tokens, structured)
         return Run(
             fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
@@ -108,9 +114,11 @@ class CompletionService:
         self._limits.check_sequences(len(batch), request.n)
         structured = await self._constraint(request)
         as_text = isinstance(batch[0], str)
+        encoded = [await self._encode_prompt(p, request.truncation) for p in batch]
         fitted = await self._budget.fit_prompts(
-            [await self._encode_prompt(p, request.truncation) for p in batch],
-            max_tokens=request.completion_limit(),
+            encoded,
+            # Scoring a prompt still takes one generated token (vLLM's server asks for one).
+            max_tokens=1 if request.scores_only else request.completion_limit(),
             min_tokens=request.min_tokens,
             truncation=request.truncation,
             # Text prompts keep the special tokens the tokenizer puts first (a BOS).
@@ -118,9 +126,43 @@ class CompletionService:
         )
         fmt = completion_format(self._model_name, request.include_usage)
         options = self._options(request, fitted.max_tokens, structured)
+        echo = None
+        if request.echo:
+            echo = await self._echo(batch, encoded, fitted.prompts, request.scores_only)
         return Run(
-            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+            fmt.id,
+            fitted.prompts,
+            options,
+            fmt,
+            arrival_time,
+            request.include_usage,
+            fitted.report,
+            echo=echo,
         )
+
+    async def _echo(
+        self,
+        batch: list[str | list[int]],
+        encoded: list[list[int]],
+        fitted: list[list[int]],
+        scores_only: bool,
+    ) -> Echo:
+        """What `echo` puts first: the prompt text as sent (as vLLM's server does), or the
+        ids the engine gets, detokenized, when they were sent as ids or cut to fit."""
+        tokenizer = self._engine.tokenizer
+        texts: list[str] = []
+        for sent, ids, kept in zip(batch, encoded, fitted, strict=True):
+            # Cut before tokenizing (too many characters), or after (too many tokens)?
+            if (
+                isinstance(sent, str)
+                and kept is ids
+                and self._budget.bound_text(sent, "auto") is sent
+            ):
+                texts.append(sent)
+            else:
+                texts.append(await tokenizer.decode(kept))
+        firsts = [await tokenizer.decode(ids[:1]) for ids in fitted]
+        return Echo(tuple(texts), tuple(firsts), scores_only)
 
     async def _text_prefix_length(self) -> int:
         """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""
@@ -175,6 +217,13 @@ class CompletionService:
                 f"Stop sequences must be at most {limits.max_stop_length} characters long.",
                 param="stop",
             )
+        vocab = self._engine.tokenizer.vocab_size
+        outside = [i for i, _ in request.logit_bias_pairs() if i >= vocab]
+        if outside:
+            raise InvalidRequestError(
+                f"logit_bias token ids must be in [0, {vocab}); {outside[0]} is not.",
+                param="logit_bias",
+            )
         if request.n > 1 and (_or(request.temperature, 1.0) == 0 or request.top_k == 1):
             raise InvalidRequestError(
                 "n must be 1 with greedy sampling (temperature 0 or top_k 1): "
@@ -182,9 +231,18 @@ class CompletionService:
                 param="n",
             )
 
-    async def _constraint(self, request: SamplingRequest) -> StructuredOutput | None:
-        """The request's structured-output constraint, checked (400 naming the parameter)."""
+    async def _constraint(
+        self, request: SamplingRequest, tools: ToolSetup | None = None
+    ) -> StructuredOutput | None:
+        """The request's structured-output constraint, checked (400 naming the parameter).
+
+        `tool_choice` "required" or a named function wins over `response_format`, as in
+        vLLM's server: the output can only be calls whose arguments validate."""
         requested = requested_constraint(request, self._structured)
+        if tools is not None and (schema := tools.forced_schema()) is not None:
+            compact = self._structured.compact_whitespace
+            output = StructuredOutput(json=schema, compact_whitespace=compact)
+            requested = Requested(output, "tool_call", "tools")
         if requested is None:
             return None
         count_structured(requested.kind, await self._constraints.check(requested))
@@ -213,6 +271,10 @@ class CompletionService:
             ignore_eos=request.ignore_eos,
             min_tokens=request.min_tokens,
             structured=structured,
+            logit_bias=request.logit_bias_pairs(),
+            prompt_logprobs=(
+                request.prompt_logprobs_k() if isinstance(request, CompletionRequest) else None
+            ),
         )
 
     # ---- running ------------------------------------------------------------------------
@@ -220,11 +282,21 @@ class CompletionService:
     async def generate(self, run: Run) -> AsyncGenerator[ChoiceDelta, None]:
         """The run's deltas from the engine, indexed as the response's choices. Closing this
         generator early aborts the run in the engine."""
+        echo = run.echo
         async with contextlib.aclosing(self._steps(run)) as steps:
+            if echo is None:
+                async for prompt_index, step in steps:
+                    for delta in step.choices:
+                        delta.index = run.choice_index(prompt_index, delta.index)
+                        yield delta
+                return
+            echoing = _Echoing(echo, with_logprobs=run.options.prompt_logprobs is not None)
             async for prompt_index, step in steps:
+                echoing.add(prompt_index, step.prompt_logprobs)
                 for delta in step.choices:
                     delta.index = run.choice_index(prompt_index, delta.index)
-                    yield delta
+                    for echoed in echoing.deltas(prompt_index, delta):
+                        yield echoed
 
     async def collect(
         self, run: Run, deltas: DeltaSource | None = None, on_end: OnEnd | None = None
@@ -265,9 +337,12 @@ class CompletionService:
         """Engine steps of every prompt of the run, tagged with the prompt's index.
 
         Every step also feeds the run's telemetry (TTFT, inter-token latency, tokens, span)."""
-        operation = "chat" if isinstance(run.format, ChatFormat) else "text_completion"
+        # A Responses run is a chat run in another format.
+        fmt = run.format.chat if isinstance(run.format, ResponsesFormat) else run.format
+        operation = "text_completion" if isinstance(fmt, CompletionFormat) else "chat"
+        tools = fmt.tools if isinstance(fmt, ChatFormat) else None
         with GenerationTelemetry(
-            operation, self._model_name, run.id, run.prompt_tokens, run.options
+            operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
         ) as telemetry:
             if len(run.prompts) == 1:
                 async with contextlib.aclosing(
@@ -288,24 +363,63 @@ class CompletionService:
                 yield prompt_index, step
 
 
+class _Echoing:
+    """Puts each choice's prompt (and its logprobs) before the choice's own output.
+
+    The prompt goes first as a delta of its own, so the response cache stores it with the
+    rest and a hit renders the same answer."""
+
+    def __init__(self, echo: Echo, with_logprobs: bool) -> None:
+        self._echo = echo
+        self._with_logprobs = with_logprobs
+        self._prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
+        self._echoed: set[int] = set()
+
+    def add(self, prompt_index: int, logprobs: list[TokenLogprob | None] | None) -> None:
+        if logprobs:  # vLLM may send a long prompt's logprobs in parts
+            self._prompt_logprobs.setdefault(prompt_index, []).extend(logprobs)
+
+    def deltas(self, prompt_index: int, delta: ChoiceDelta) -> Iterator[ChoiceDelta]:
+        echo = self._echo
+        if delta.index not in self._echoed:
+            self._echoed.add(delta.index)
+            yield ChoiceDelta(
+                delta.index, echo.texts[prompt_index], 0, None, self._logprobs(prompt_index)
+            )
+        if echo.scores_only:
+            yield ChoiceDelta(delta.index, "", 0, delta.finish_reason)
+        else:
+            yield delta
+
+    def _logprobs(self, prompt_index: int) -> list[TokenLogprob] | None:
+        if not self._with_logprobs:
+            return None
+        first = TokenLogprob(self._echo.first_tokens[prompt_index], None)
+        return [first if e is None else e for e in self._prompt_logprobs.get(prompt_index, ())]
+
+
 async def _events(
     run: Run,
     deltas: DeltaSource,
     on_finish: Callable[[Completion], Awaitable[None]] | None,
     on_end: OnEnd | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them."""
-    writer = EventWriter(run.format)
+    """SSE events from the run's deltas; the deltas are closed (aborting the run) with them.
+
+    `on_finish` runs after the closing events are rendered but before they are sent, so what
+    it does (storing a response) is done by the time a client reads the end of the stream."""
+    writer = stream_writer(run.format)
     try:
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 for event in writer.events(delta):
                     yield event
         completion = writer.completion(run.prompt_tokens)
-        if run.include_usage:
-            yield writer.usage_event(completion)
+        closing = list(writer.closing(completion, run.include_usage))
         if on_finish is not None:
             await on_finish(completion)
+        for event in closing:
+            yield event
     finally:
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:

@@ -28,8 +28,9 @@ from sluicegate.errors import InvalidRequestError
 from sluicegate.lru import BoundedLRU
 from sluicegate.wire.requests import SamplingRequest
 
-Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
-KINDS: tuple[Kind, ...] = ("json_schema", "json_object", "regex", "choice", "grammar")
+Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "tool_call"]
+KINDS: tuple[Kind, ...] = ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call")
+"""`tool_call`: the schema of `tool_choice` "required" or a named function (`wire.tools`)."""
 
 
 @dataclass(frozen=True, slots=True)

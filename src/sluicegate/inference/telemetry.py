@@ -25,6 +25,7 @@ from sluicegate.engine.protocol import EngineStep, SamplingOptions
 from sluicegate.observability import metrics
 from sluicegate.observability.record import RequestRecord, current_request
 from sluicegate.observability.tracing import tracer
+from sluicegate.wire.tools import ToolSetup
 
 
 class _Series(NamedTuple):
@@ -60,6 +61,20 @@ def output_type(options: SamplingOptions) -> str:
     return "text"
 
 
+def tool_attributes(tools: ToolSetup) -> dict[str, str | int | list[str]]:
+    """The tools offered, in GenAI terms where the conventions have one (`gen_ai.tool.*`
+    describes one tool: set for a named function, the only one the model may call)."""
+    attributes: dict[str, str | int | list[str]] = {
+        "sluicegate.tool_choice": tools.mode,
+        "sluicegate.tools.count": len(tools.tools),
+        "sluicegate.tools.names": list(tools.names),
+    }
+    if tools.function is not None:
+        attributes["gen_ai.tool.name"] = tools.function
+        attributes["gen_ai.tool.type"] = "function"
+    return attributes
+
+
 class GenerationTelemetry:
     """Use as `with GenerationTelemetry(...) as telemetry:` around the run's steps, calling
     `telemetry.step(prompt_index, step)` for each.
@@ -88,6 +103,7 @@ class GenerationTelemetry:
         response_id: str,
         prompt_tokens: int,
         options: SamplingOptions,
+        tools: ToolSetup | None = None,
     ):
         self._series = _series(model)
         self._record: RequestRecord | None = current_request()
@@ -115,6 +131,8 @@ class GenerationTelemetry:
                     "gen_ai.usage.input_tokens": prompt_tokens,
                 }
             )
+            if tools is not None and tools.tools:
+                self._span.set_attributes(tool_attributes(tools))
 
     def __enter__(self) -> GenerationTelemetry:
         return self

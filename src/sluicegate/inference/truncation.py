@@ -22,14 +22,21 @@ shortfall becomes a margin and the rules run again.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import accumulate, pairwise
-from typing import Literal
+from typing import Any, Literal
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatEncoding, PromptTokenizer
+from sluicegate.engine.protocol import (
+    MAX_TOKEN_CHARS,
+    ChatEncoding,
+    ChatMessages,
+    PromptTokenizer,
+    Tools,
+)
 from sluicegate.offload import offload
 
 Step = Literal["dedupe_system", "compress", "drop_turns", "cut_turn"]
@@ -64,6 +71,8 @@ class Entry:
     """Tokens of the content; for text a rule changed and nobody counted yet, the count
     before the change (an upper bound: the rules only take text away)."""
     counted: bool = True
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    """The message's other fields (tool calls, tool call id), kept as they are."""
 
     @property
     def tokens(self) -> int:
@@ -77,15 +86,20 @@ class Entry:
             return self
         return replace(self, content=content, counted=False)
 
-    def message(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def message(self) -> dict[str, Any]:
+        return {**self.fields, "role": self.role, "content": self.content}
+
+    @property
+    def identity(self) -> str:
+        """What, beside its text, makes two messages the same: their tool fields."""
+        return json.dumps(self.fields, sort_keys=True) if self.fields else ""
 
 
 @dataclass(frozen=True, slots=True)
 class TruncatedChat:
     ids: list[int]
     """The exact prompt. Longer than the limit only when the protected messages alone are."""
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     kept: tuple[int, ...]
     """Request positions of the messages kept, in order."""
     steps: tuple[Step, ...]
@@ -93,18 +107,20 @@ class TruncatedChat:
 
 async def truncate_chat(
     tokenizer: PromptTokenizer,
-    messages: Sequence[dict[str, str]],
+    messages: ChatMessages,
     encoding: ChatEncoding,
     limit: int,
+    tools: Tools | None = None,
 ) -> TruncatedChat:
-    """Fit `messages`, whose exact encoding is `encoding`, into `limit` prompt tokens."""
+    """Fit `messages`, whose exact encoding (with `tools`) is `encoding`, into `limit` prompt
+    tokens. The tools are rendered whatever goes: they are never truncated."""
     entries = entries_of(messages, encoding)
     fixed = encoding.length - sum(e.tokens for e in entries)
     planner = _Planner(entries, fixed, tokenizer)
     bound = limit
     while True:
         plan = await planner.plan(bound)
-        ids = await tokenizer.encode_chat([e.message() for e in plan.kept])
+        ids = await tokenizer.encode_chat([e.message() for e in plan.kept], tools)
         if len(ids) <= limit or plan.exhausted:
             kept = tuple(e.index for e in plan.kept)
             return TruncatedChat(ids, [e.message() for e in plan.kept], kept, plan.steps)
@@ -113,7 +129,7 @@ async def truncate_chat(
         bound = min(limit - (len(ids) - plan.estimate), plan.estimate - 1)
 
 
-def entries_of(messages: Sequence[dict[str, str]], encoding: ChatEncoding) -> list[Entry]:
+def entries_of(messages: ChatMessages, encoding: ChatEncoding) -> list[Entry]:
     """The messages with their token counts.
 
     The first message's framing may hold the template's preamble (a BOS token, a default
@@ -125,9 +141,13 @@ def entries_of(messages: Sequence[dict[str, str]], encoding: ChatEncoding) -> li
     if others and messages[0]["content"]:
         framings[0] = min(framings[0], min(others))
     return [
-        Entry(i, m["role"], m["content"], max(0, framings[i]), contents[i])
+        Entry(i, m["role"], m["content"], max(0, framings[i]), contents[i], True, _fields(m))
         for i, m in enumerate(messages)
     ]
+
+
+def _fields(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k not in ("role", "content")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,10 +347,10 @@ def drop_repeats(
 ) -> list[Entry]:
     """Without older messages that repeat an earlier message (same role, same text once
     whitespace is collapsed). A repeated user message goes only if its whole turn does."""
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     repeats: set[int] = set()
     for entry in entries:
-        key = (entry.role, collapsed[entry.index])
+        key = (entry.role, collapsed[entry.index], entry.identity)
         if older(entry) and key in seen:
             repeats.add(entry.index)
         seen.add(key)

@@ -7,6 +7,7 @@ API keys appear only as their public id).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -161,12 +162,45 @@ BUDGET_CLAMPED_MAX_TOKENS = Counter(
     "Requests whose max_tokens was lowered to what the context window leaves.",
 )
 
+# ---- tool calling (wire.formats) -----------------------------------------------------------
+TOOL_CALL_CHOICES = Counter(
+    "sluicegate_tool_call_choices_total",
+    "Chat choices rendered for requests offering tools (cache hits included), by tool_choice "
+    "mode and outcome: `called` (tool calls, arguments valid JSON), `invalid_arguments` (a "
+    "call's arguments are not valid JSON, e.g. cut by max_tokens), `text` (no call found).",
+    ["mode", "outcome"],
+)
+TOOL_CALLS = Counter(
+    "sluicegate_tool_calls_total",
+    "Tool calls returned to clients, by tool_choice mode.",
+    ["mode"],
+)
+
+
+def count_tool_calls(mode: str, arguments: list[str]) -> None:
+    """One rendered choice of a request offering tools, and the arguments of its calls."""
+    if mode == "none" and not arguments:
+        return
+    outcome = "text"
+    if arguments:
+        TOOL_CALLS.labels(mode).inc(len(arguments))
+        outcome = "called" if all(_is_json(a) for a in arguments) else "invalid_arguments"
+    TOOL_CALL_CHOICES.labels(mode, outcome).inc()
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
 
 # ---- structured outputs (inference.structured) -----------------------------------------------
 STRUCTURED_OUTPUT_REQUESTS = Counter(
     "sluicegate_structured_output_requests_total",
     "Requests accepted with a structured-output constraint, by kind: json_schema, "
-    "json_object, regex, choice or grammar.",
+    "json_object, regex, choice, grammar, or tool_call (tool_choice required or named).",
     ["kind"],
 )
 STRUCTURED_OUTPUT_CHECK_SECONDS = Histogram(
@@ -216,5 +250,9 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
 for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
     ADMISSION_REFUSED.labels(_reason)
-for _kind in ("json_schema", "json_object", "regex", "choice", "grammar"):
+for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):
     STRUCTURED_OUTPUT_REQUESTS.labels(_kind)
+for _mode in ("auto", "required", "named"):
+    TOOL_CALLS.labels(_mode)
+    for _tool_outcome in ("called", "invalid_arguments", "text"):
+        TOOL_CALL_CHOICES.labels(_mode, _tool_outcome)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sluicegate.wire.requests import ChatCompletionRequest
+from sluicegate.wire.requests import ChatMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +39,10 @@ def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
             "ctx": {k: str(v) for k, v in ctx.items()},
         }
         return CompactBody(None, [error])
-    data = request.model_dump(mode="json", exclude_unset=True)
-    if isinstance(request, ChatCompletionRequest):
-        for message, parsed in zip(data["messages"], request.messages, strict=True):
-            if isinstance(parsed.content, list):
+    data = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    messages = getattr(request, "messages", None)  # chat completions, /tokenize
+    if isinstance(messages, list) and "messages" in data:
+        for message, parsed in zip(data["messages"], messages, strict=True):
+            if isinstance(parsed, ChatMessage) and isinstance(parsed.content, list):
                 message["content"] = parsed.text()
     return CompactBody(data, [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from typing_extensions import TypedDict
 
@@ -37,8 +37,12 @@ class ChoiceState:
     logprob_counts: list[int] | None = None
     num_tokens: int = 0
     text_length: int = 0
+    token_text_length: int = 0
+    """The length of the token strings reported with logprobs (where offsets continue)."""
     finish_reason: str | None = None
     retain: bool = True
+    render: Any = None
+    """The response format's own state for this choice in a stream (a tool-call scanner)."""
 
     @property
     def text(self) -> str:
@@ -47,6 +51,8 @@ class ChoiceState:
     def add(self, delta: ChoiceDelta) -> None:
         self.text_length += len(delta.text)
         self.num_tokens += delta.num_tokens
+        if delta.logprobs:
+            self.token_text_length += sum(len(e.token) for e in delta.logprobs)
         if not self.retain:
             return
         self.text_parts.append(delta.text)

@@ -2,6 +2,10 @@
 
 No I/O here: `http.sse` sends what this builds. `render_cached` is the one rendering of a
 cached completion, used by both the fast path (`http.cache_hits`) and the route.
+
+A stream is written by a `StreamWriter`: `EventWriter` for the chat and text completion
+chunks (ended by `[DONE]`), or the writer a format brings itself (`OwnStream`: the Responses
+API's named events, `wire.response_events`). `stream_writer` picks it.
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from sluicegate.engine.protocol import ChoiceDelta
+from sluicegate.errors import GatewayError
 from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
 from sluicegate.wire.formats import ResponseFormat
 
@@ -21,6 +26,40 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 def sse_event(data: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+class StreamWriter(Protocol):
+    def events(self, delta: ChoiceDelta) -> Iterator[bytes]:
+        """The events for one delta."""
+        ...
+
+    def completion(self, prompt_tokens: int) -> Completion:
+        """What was sent, as counts."""
+        ...
+
+    def closing(self, completion: Completion, include_usage: bool) -> Iterator[bytes]:
+        """The events after the last delta."""
+        ...
+
+    def done(self) -> bytes:
+        """What ends a stream that went well (`[DONE]`, or nothing)."""
+        ...
+
+    def error(self, error: GatewayError) -> bytes:
+        """What ends a stream that failed after its first byte."""
+        ...
+
+
+@runtime_checkable
+class OwnStream(Protocol):
+    """A format whose stream is not made of its chunks (the Responses API's)."""
+
+    def stream_writer(self) -> StreamWriter: ...
+
+
+def stream_writer(fmt: ResponseFormat) -> StreamWriter:
+    """The writer of a stream in `fmt`."""
+    return fmt.stream_writer() if isinstance(fmt, OwnStream) else EventWriter(fmt)
 
 
 class EventWriter:
@@ -33,19 +72,24 @@ class EventWriter:
 
     def events(self, delta: ChoiceDelta) -> Iterator[bytes]:
         """The events for one delta; `delta.index` is the choice's index in the response."""
+        for chunk in self.chunks(delta):
+            yield sse_event(chunk)
+
+    def chunks(self, delta: ChoiceDelta) -> Iterator[dict[str, Any]]:
+        """The format's chunks for one delta, before framing."""
         fmt, index = self._fmt, delta.index
         state = self._states.get(index)
         if state is None:
             state = self._states[index] = ChoiceState(index, retain=False)
             first = fmt.first_chunk(index)
             if first is not None:
-                yield sse_event(first)
+                yield first
         state.add(delta)
         if delta.text or delta.logprobs:
-            yield sse_event(fmt.delta_chunk(state, delta))
+            yield from fmt.delta_chunks(state, delta)
         if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
-            yield sse_event(fmt.finish_chunk(index, state.finish_reason))
+            yield from fmt.finish_chunks(state)
 
     def completion(self, prompt_tokens: int) -> Completion:
         """What was sent, as counts: token counts and finish reasons, no text."""
@@ -54,16 +98,33 @@ class EventWriter:
     def usage_event(self, completion: Completion) -> bytes:
         return sse_event(self._fmt.usage_chunk(completion.usage))
 
+    def closing(self, completion: Completion, include_usage: bool) -> Iterator[bytes]:
+        if include_usage:
+            yield self.usage_event(completion)
+
+    def done(self) -> bytes:
+        return SSE_DONE
+
+    def error(self, error: GatewayError) -> bytes:
+        return error_events(error)
+
+
+def error_events(error: GatewayError) -> bytes:
+    """How a chat or completion stream ends after a failure: the error as OpenAI's error
+    body, then `[DONE]` (as vLLM's server does)."""
+    return sse_event(error.to_body()) + SSE_DONE
+
 
 def replay_events(fmt: ResponseFormat, completion: Completion, include_usage: bool) -> bytes:
     """The events a stream sent when it produced `completion`, delta for delta, in one piece
-    (without `[DONE]`). The stream is complete, so nothing is gained by sending it in parts."""
-    writer = EventWriter(fmt)
+    (with its end: `[DONE]` for chat). The stream is complete, so nothing is gained by sending
+    it in parts."""
+    writer = stream_writer(fmt)
     events: list[bytes] = []
     for delta in completion.deltas():
         events.extend(writer.events(delta))
-    if include_usage:
-        events.append(writer.usage_event(completion))
+    events.extend(writer.closing(completion, include_usage))
+    events.append(writer.done())
     return b"".join(events)
 
 
@@ -80,7 +141,7 @@ def render_cached(
     """A cached completion as the whole response body: the stream it was (with `[DONE]`), or
     the JSON body."""
     if stream:
-        body = replay_events(fmt, completion, include_usage) + SSE_DONE
+        body = replay_events(fmt, completion, include_usage)
         return RenderedAnswer(body, {"content-type": "text/event-stream", **SSE_HEADERS})
     content = fmt.response(completion)
     body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()

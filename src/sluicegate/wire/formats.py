@@ -6,6 +6,7 @@ completions through the same loop; only the JSON shapes differ.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
@@ -13,21 +14,25 @@ from typing import Any, Literal, Protocol
 
 from typing_extensions import TypedDict
 
-from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
+from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob, ToolCallParser
+from sluicegate.observability.metrics import count_tool_calls
 from sluicegate.wire.completion import ChoiceState, Completion, Usage
+from sluicegate.wire.tool_calls import Rendered, ToolStream, tool_stream, whole_calls
+from sluicegate.wire.tools import NO_TOOLS, ToolSetup
 
 
 class ChatLogprobEntry(TypedDict):
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int]
     top_logprobs: list[dict[str, Any]]
 
 
 class CompletionLogprobs(TypedDict):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    """None for an echoed prompt's first token, which nothing predicts."""
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -45,13 +50,21 @@ class ResponseFormat(Protocol):
         """The chunk that opens a choice in a stream, if the format has one."""
         ...
 
-    def delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]: ...
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        """The chunks a delta of the choice makes (none while a format holds text back)."""
+        ...
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]: ...
+    def finish_chunks(self, state: ChoiceState) -> list[dict[str, Any]]:
+        """The chunks that close the choice (`state.finish_reason` is set)."""
+        ...
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
 
     def response(self, completion: Completion) -> dict[str, Any]: ...
+
+    def renewed(self) -> ResponseFormat:
+        """The same format for another response: its own id and creation time."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,32 +91,55 @@ class _Envelope:
         body["usage"] = usage
         return body
 
+    def renewed(self) -> Any:
+        prefix = self.id.split("-", 1)[0]
+        return dataclasses.replace(
+            self, id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time())
+        )
 
+
+@dataclass(frozen=True, slots=True)
 class ChatFormat(_Envelope):
+    """Chat completions. With tools, the text of each choice is turned into `tool_calls`
+    here (`wire.tool_calls`), so that cached text renders as the live run did."""
+
+    tools: ToolSetup = NO_TOOLS
+    parser: ToolCallParser | None = None
+    """The tool parser for `auto` (none: `auto` answers with text)."""
+
     CHUNK = "chat.completion.chunk"
 
     def first_chunk(self, index: int) -> dict[str, Any]:
+        content = None if self.tools.mode in ("required", "named") else ""
         choice = {
             "index": index,
-            "delta": {"role": "assistant", "content": ""},
+            "delta": {"role": "assistant", "content": content},
             "logprobs": None,
             "finish_reason": None,
         }
         return self.chunk(self.CHUNK, [choice])
 
-    def delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]:
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
         logprobs = None if delta.logprobs is None else {"content": _chat_logprobs(delta.logprobs)}
-        choice = {
-            "index": delta.index,
-            "delta": {"content": delta.text},
-            "logprobs": logprobs,
-            "finish_reason": None,
-        }
-        return self.chunk(self.CHUNK, [choice])
+        if self.tools.mode == "none":
+            return [self._delta(delta.index, {"content": delta.text}, logprobs)]
+        rendered = self._stream(state).feed(delta.text)
+        chunks = self._rendered(delta.index, rendered)
+        if logprobs is not None:
+            if not chunks:
+                return [self._delta(delta.index, {}, logprobs)]
+            chunks[0]["choices"][0]["logprobs"] = logprobs
+        return chunks
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
-        choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
-        return self.chunk(self.CHUNK, [choice])
+    def finish_chunks(self, state: ChoiceState) -> list[dict[str, Any]]:
+        reason: str | None = state.finish_reason or "stop"
+        chunks: list[dict[str, Any]] = []
+        if self.tools.mode != "none":
+            stream = self._stream(state)
+            chunks = self._rendered(state.index, stream.finish())
+            reason = self._finish_reason(stream, reason)
+        choice = {"index": state.index, "delta": {}, "logprobs": None, "finish_reason": reason}
+        return [*chunks, self.chunk(self.CHUNK, [choice])]
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.usage_body(self.CHUNK, usage)
@@ -117,34 +153,101 @@ class ChatFormat(_Envelope):
             "choices": [
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
                     "logprobs": None
                     if c.logprobs is None
                     else {"content": _chat_logprobs(c.logprobs)},
-                    "finish_reason": c.finish_reason,
+                    **self._message(c),
                 }
                 for c in completion.choices
             ],
             "usage": completion.usage,
         }
 
+    def _message(self, choice: ChoiceState) -> dict[str, Any]:
+        reason = choice.finish_reason
+        if self.tools.mode == "none":
+            return {
+                "message": {"role": "assistant", "content": choice.text},
+                "finish_reason": reason,
+            }
+        stream = whole_calls(self.tools, self.parser, choice.text)
+        message: dict[str, Any] = {"role": "assistant", "content": stream.content()}
+        calls = stream.calls()
+        if calls and self.tools.legacy:
+            _, name, arguments = calls[0]
+            message["function_call"] = {"name": name, "arguments": arguments}
+        elif calls:
+            message["tool_calls"] = [
+                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+                for id_, name, args in calls
+            ]
+        elif self.tools.mode not in ("required", "named"):
+            message["content"] = message["content"] or ""
+        return {"message": message, "finish_reason": self._finish_reason(stream, reason)}
 
-def chat_format(model: str, include_usage: bool) -> ChatFormat:
+    def _finish_reason(self, stream: ToolStream, reason: str | None) -> str | None:
+        """OpenAI's: `tool_calls` when the model called tools (auto, required) and stopped by
+        itself; a named function's call ends with `stop`. Counted once per choice."""
+        count_tool_calls(self.tools.mode, [args for _, _, args in stream.calls()])
+        if stream.called and reason == "stop" and self.tools.mode in ("auto", "required"):
+            return "function_call" if self.tools.legacy else "tool_calls"
+        return reason
+
+    def _stream(self, state: ChoiceState) -> ToolStream:
+        if state.render is None:
+            state.render = tool_stream(self.tools, self.parser)
+        stream: ToolStream = state.render
+        return stream
+
+    def _rendered(self, index: int, rendered: Rendered) -> list[dict[str, Any]]:
+        chunks = []
+        if rendered.content:
+            chunks.append(self._delta(index, {"content": rendered.content}, None))
+        if rendered.calls and self.tools.legacy:
+            # The legacy shape carries one call: the first one's opening and arguments.
+            for call in (c for c in rendered.calls if c.index == 0):
+                opening = {"name": call.name} if call.name is not None else {}
+                delta = {"function_call": {**opening, "arguments": call.arguments}}
+                chunks.append(self._delta(index, delta, None))
+        elif rendered.calls:
+            calls = [c.wire() for c in rendered.calls]
+            chunks.append(self._delta(index, {"tool_calls": calls}, None))
+        return chunks
+
+    def _delta(self, index: int, delta: dict[str, Any], logprobs: Any) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        return self.chunk(self.CHUNK, [choice])
+
+
+def chat_format(
+    model: str,
+    include_usage: bool,
+    tools: ToolSetup = NO_TOOLS,
+    parser: ToolCallParser | None = None,
+) -> ChatFormat:
     """The format of a new chat completion response, with its own id and creation time."""
-    return ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, include_usage)
+    return ChatFormat(
+        f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, include_usage, tools, parser
+    )
 
 
+@dataclass(frozen=True, slots=True)
 class CompletionFormat(_Envelope):
     OBJECT = "text_completion"
 
     def first_chunk(self, index: int) -> None:
         return None
 
-    def delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]:
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        return [self._delta_chunk(state, delta)]
+
+    def _delta_chunk(self, state: ChoiceState, delta: ChoiceDelta) -> dict[str, Any]:
         logprobs = None
         if delta.logprobs is not None:
-            # Offsets continue from the text this choice streamed before this delta.
-            logprobs = _completion_logprobs(delta.logprobs, state.text_length - len(delta.text))
+            # Offsets continue from the tokens this choice reported before this delta (as in
+            # vLLM's server: text held back for stop strings lags the tokens).
+            start = state.token_text_length - sum(len(e.token) for e in delta.logprobs)
+            logprobs = _completion_logprobs(delta.logprobs, start)
         choice = {
             "index": delta.index,
             "text": delta.text,
@@ -153,9 +256,14 @@ class CompletionFormat(_Envelope):
         }
         return self.chunk(self.OBJECT, [choice])
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
-        choice = {"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason}
-        return self.chunk(self.OBJECT, [choice])
+    def finish_chunks(self, state: ChoiceState) -> list[dict[str, Any]]:
+        choice = {
+            "index": state.index,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": state.finish_reason,
+        }
+        return [self.chunk(self.OBJECT, [choice])]
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.usage_body(self.OBJECT, usage)
@@ -208,6 +316,10 @@ def _completion_logprobs(entries: list[TokenLogprob], start_offset: int) -> Comp
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [dict(e.top) for e in entries],
+        # As OpenAI's legacy API and vLLM's server: the sampled token is always among them
+        # (up to k + 1 entries), so `logprobs: 0` still names each token's logprob.
+        "top_logprobs": [
+            None if e.logprob is None else {e.token: e.logprob, **dict(e.top)} for e in entries
+        ],
         "text_offset": offsets,
     }

@@ -9,6 +9,7 @@ Unknown extra fields are ignored, as OpenAI's API and vLLM's server do.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -23,11 +24,25 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from sluicegate.wire.tools import (
+    FunctionCall,
+    FunctionCallChoice,
+    FunctionDefinition,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    ToolLimits,
+    ToolSetup,
+    resolve_tools,
+)
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
+"""Entries one `logit_bias` may hold (each is a row of vLLM's bias tensor, per sequence)."""
 Truncation = Literal["auto", "disabled"]
 """Whether a prompt that leaves too little room is truncated (see `inference.budget`)."""
 Overflow = Literal["clamp", "error"]
@@ -36,6 +51,10 @@ Overflow = Literal["clamp", "error"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, protected_namespaces=())
+
+
+RequestModel = _Model
+"""The base of request models in other modules (`wire.tokenize`)."""
 
 
 # JSON can spell half of a UTF-16 pair (`"\\ud800"`); `json.loads` turns a whole pair into one
@@ -77,28 +96,133 @@ def _refuse(loc: Loc, text: str) -> NoReturn:
     )
 
 
-def _check_field(value: str | list[str]) -> None:
+def check_text(value: str | list[str]) -> None:
     if isinstance(value, str):
         _check_texts([value], lambda _: ())
     else:
         _check_texts(value)
 
 
-class TextPart(_Model):
-    type: Literal["text"]
-    text: str
+TEXT_ONLY = (
+    "this model takes text only: content parts of type '{type}' are not supported "
+    "(send 'text' parts)"
+)
+
+
+class ContentPart(_Model):
+    """One part of a message's content. Only text reaches this text-only model: `text` parts,
+    and in assistant messages `refusal` parts (read as their text, as vLLM's server does).
+    Any other type (`image_url`, `input_audio`, `file`, ...) is refused by `ChatMessage`."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @property
+    def value(self) -> str:
+        return (self.text if self.type == "text" else self.refusal) or ""
+
+    @property
+    def field(self) -> str:
+        """The field holding the part's text."""
+        return "text" if self.type == "text" else "refusal"
+
+
+def _part_error(loc: Loc, kind: str, message: str, **context: str) -> NoReturn:
+    error = PydanticCustomError(kind, message, dict(context))
+    raise ValidationError.from_exception_data(
+        "content", [InitErrorDetails(type=error, loc=loc, input=None)]
+    )
 
 
 class ChatMessage(_Model):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
+    """Legacy: an assistant message's one call (`tool_calls` replaced it)."""
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(
+        cls, value: str | list[ContentPart] | None, info: ValidationInfo
+    ) -> str | list[ContentPart] | None:
+        if not isinstance(value, list):
+            return value
+        role = info.data.get("role")
+        for j, part in enumerate(value):
+            if part.type == "refusal" and role != "assistant":
+                _part_error(
+                    (j,),
+                    "unsupported_content",
+                    "refusal parts are only allowed in assistant messages",
+                )
+            if part.type not in ("text", "refusal"):
+                _part_error((j,), "unsupported_content", TEXT_ONLY, type=part.type)
+            if getattr(part, part.field) is None:
+                _part_error(
+                    (j, part.field), "missing", f"a '{part.type}' part needs '{part.field}'"
+                )
+        return value
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs content")
+        role = self.role
+        if self.content is None and role != "assistant":
+            raise ValueError(f"a {role} message needs content")
+        if role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        if role == "function" and not self.name:
+            raise ValueError("a function message needs the function's name")
+        if role != "assistant" and (self.tool_calls is not None or self.function_call):
+            raise ValueError("only assistant messages carry tool_calls or function_call")
+        if self.tool_calls is not None and self.function_call is not None:
+            raise ValueError("send either tool_calls or the deprecated function_call, not both")
         return self
+
+    def tool_texts(self) -> list[tuple[Loc, str]]:
+        """The texts of the message's tool fields, located within the message."""
+        located: list[tuple[Loc, str]] = []
+        for j, call in enumerate(self.tool_calls or ()):
+            located += [
+                (("tool_calls", j, "id"), call.id),
+                (("tool_calls", j, "function", "name"), call.function.name),
+                (("tool_calls", j, "function", "arguments"), call.function.arguments),
+            ]
+        if self.function_call is not None:
+            located += [
+                (("function_call", "name"), self.function_call.name),
+                (("function_call", "arguments"), self.function_call.arguments),
+            ]
+        if self.tool_call_id is not None:
+            located.append((("tool_call_id",), self.tool_call_id))
+        return located
+
+    def prompt_message(self) -> dict[str, Any]:
+        """The message as chat templates take it: content as text, `developer` as `system`,
+        legacy `function` messages and `function_call` as tool messages and `tool_calls`,
+        call arguments as JSON values where they parse (templates write them as JSON)."""
+        role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
+        message: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.name is not None and self.role in ("tool", "function"):
+            message["name"] = self.name
+        if self.tool_call_id is not None and role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+        calls = self.tool_calls
+        if self.function_call is not None:
+            calls = [ToolCall(id="call_0", function=self.function_call)]
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _json(c.function.arguments)},
+                }
+                for c in calls
+            ]
+        return message
 
     def refused_texts(self, index: int) -> list[tuple[Loc, str]]:
         """The message's texts holding a lone surrogate, located as in a request where it is
@@ -108,9 +232,10 @@ class ChatMessage(_Model):
         if isinstance(content, str):
             located.append(((index, "content"), content))
         elif content is not None:
-            located += [((index, "content", j, "text"), p.text) for j, p in enumerate(content)]
+            located += [((index, "content", j, p.field), p.value) for j, p in enumerate(content)]
         if self.name is not None:
             located.append(((index, "name"), self.name))
+        located += [((index, *loc), text) for loc, text in self.tool_texts()]
         return [(loc, text) for loc, text in located if _lone_surrogate(text)]
 
     def text(self) -> str:
@@ -118,7 +243,32 @@ class ChatMessage(_Model):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.value for part in self.content)
+
+
+def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Refuse a conversation holding a lone surrogate, naming where."""
+    # One check over the whole conversation (a validator per message would cost more than
+    # the check); only a refused one is walked again to say where.
+    texts: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            texts.append(content)
+        elif content is not None:
+            texts += [part.value for part in content]
+        if message.name is not None:
+            texts.append(message.name)
+        if message.tool_calls or message.function_call or message.tool_call_id:
+            texts += [text for _, text in message.tool_texts()]
+    if _lone_surrogate("".join(texts)):
+        _refuse(*next(found for i, m in enumerate(messages) for found in m.refused_texts(i)))
+    return messages
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them (see `ChatMessage.prompt_message`)."""
+    return [m.prompt_message() for m in messages]
 
 
 class StreamOptions(_Model):
@@ -178,7 +328,7 @@ class StructuredOutputsField(_Model):
     @classmethod
     def _is_unicode(cls, value: str | list[str] | None) -> str | list[str] | None:
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @model_validator(mode="after")
@@ -247,22 +397,34 @@ class SamplingRequest(_Model):
         if isinstance(value, list) and any(s == "" for s in value):
             raise ValueError("stop sequences must not be empty strings")
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("model", "user")
     @classmethod
     def _is_unicode(cls, value: str | None) -> str | None:
         if value is not None:
-            _check_field(value)
+            check_text(value)
         return value
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> None:
-        if value:
-            raise ValueError("logit_bias is not supported")
-        return None
+    def _logit_bias_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        # Ids within the vocabulary are checked by the service, which knows its size.
+        if not value:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids may be biased")
+        for key, bias in value.items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 18:
+                raise ValueError(f"keys must be token ids (non-negative integers), not {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], not {bias} (token {key})")
+        return value
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """The bias as (token id, bias) pairs, in id order (so equal biases key alike)."""
+        return tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items()))
 
     @field_validator("stream_options")
     @classmethod
@@ -290,6 +452,13 @@ class SamplingRequest(_Model):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _json(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
 def _refuse_if_set(value: Any, info: ValidationInfo) -> Any:
     if value not in (None, False, [], {}):
         raise ValueError(f"{info.field_name} is not supported by this server")
@@ -301,29 +470,16 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-
-    _unsupported = field_validator("tools", "tool_choice", "functions")(_refuse_if_set)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDefinition] | None = None
+    function_call: FunctionCallChoice | None = None
 
     @field_validator("messages")
     @classmethod
     def _messages_are_unicode(cls, value: list[ChatMessage]) -> list[ChatMessage]:
-        # One check over the whole conversation (a validator per message would cost more than
-        # the check); only a refused one is walked again to say where.
-        texts: list[str] = []
-        for message in value:
-            content = message.content
-            if isinstance(content, str):
-                texts.append(content)
-            elif content is not None:
-                texts += [part.text for part in content]
-            if message.name is not None:
-                texts.append(message.name)
-        if _lone_surrogate("".join(texts)):
-            _refuse(*next(found for i, m in enumerate(value) for found in m.refused_texts(i)))
-        return value
+        return check_messages(value)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -335,13 +491,19 @@ class ChatCompletionRequest(SamplingRequest):
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them (`developer` is OpenAI's newer name
-        for `system`)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def tool_setup(self, limits: ToolLimits) -> ToolSetup:
+        """The tools offered and how they may be called (a 400 when the fields disagree)."""
+        return resolve_tools(
+            self.tools,
+            self.tool_choice,
+            self.parallel_tool_calls,
+            self.functions,
+            self.function_call,
+            limits,
+        )
+
+    def prompt_messages(self) -> list[dict[str, Any]]:
+        return template_messages(self.messages)
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -352,19 +514,51 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
+    # 0 only with `echo`: the prompt is scored, nothing is generated (see `_zero_max_tokens`).
+    max_tokens: int | None = Field(default=None, ge=0, le=INT64_MAX)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
 
-    _unsupported = field_validator("echo", "suffix")(_refuse_if_set)
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> None:
+        if value:
+            raise ValueError(
+                "suffix is not supported by this server (the model has no fill-in-the-middle mode)"
+            )
+        return None
 
     @field_validator("best_of")
     @classmethod
     def _best_of_is_n(cls, value: int | None) -> int | None:
         if value not in (None, 1):
-            raise ValueError("best_of is not supported by this server")
+            raise ValueError(
+                "best_of > 1 is not supported by this server; use n, and pick among the choices"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _zero_max_tokens(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            error = PydanticCustomError(
+                "greater_than_equal",
+                "max_tokens must be at least 1 (0 is accepted only with echo, to score the prompt)",
+            )
+            raise ValidationError.from_exception_data(
+                "max_tokens", [InitErrorDetails(type=error, loc=("max_tokens",), input=0)]
+            )
+        return self
+
+    @property
+    def scores_only(self) -> bool:
+        """`echo` with `max_tokens` 0: the prompt (and its logprobs) is the whole answer."""
+        return self.echo and self.max_tokens == 0
+
+    def prompt_logprobs_k(self) -> int | None:
+        """What vLLM's server does: with `echo`, the prompt gets `logprobs` too."""
+        return self.logprobs if self.echo else None
 
     @field_validator("prompt")
     @classmethod
@@ -372,7 +566,7 @@ class CompletionRequest(SamplingRequest):
         if isinstance(value, list) and (len(value) == 0 or any(v == [] for v in value)):
             raise ValueError("prompt must not be empty")
         if isinstance(value, str) or isinstance(value[0], str):  # texts are never mixed with ids
-            _check_field(value)
+            check_text(value)
         return value
 
     def logprobs_k(self) -> int | None:

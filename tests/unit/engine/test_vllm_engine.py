@@ -133,3 +133,48 @@ async def test_the_structured_check_is_vllms_own_validation(
         await engine.check_structured(StructuredOutput(regex="a["))
     assert caught.value.message == "Failed to transform regex into a grammar: bad"
     assert seen == [("xgrammar", "ab"), ("xgrammar", "a[")]
+
+
+class PromptScoringLLM:
+    """Sends a prompt's logprobs in two parts, as vLLM may for a prompt prefilled in chunks."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.params: Any = None
+
+    async def generate(
+        self, prompt: Any, params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
+        self.params = params
+
+        def position(token_id: int, logprob: float) -> dict[int, Any]:
+            sampled = SimpleNamespace(logprob=logprob, rank=2, decoded_token=f"t{token_id}")
+            best = SimpleNamespace(logprob=-0.1, rank=1, decoded_token="best")
+            return {token_id: sampled, 99: best}
+
+        ids = [5, 6, 7]
+        parts = [[None, position(6, -1.0)], [position(7, float("-inf"))]]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            output = SimpleNamespace(
+                index=0, text="!" if last else "", token_ids=[1] if last else [],
+                finish_reason="length" if last else None, logprobs=None,
+            )  # fmt: skip
+            yield SimpleNamespace(
+                outputs=[output], prompt_token_ids=ids, prompt_logprobs=part, finished=last
+            )
+
+
+async def test_prompt_logprobs_and_logit_bias_go_through_in_order() -> None:
+    llm = PromptScoringLLM()
+    engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
+    options = SamplingOptions(max_tokens=1, prompt_logprobs=1, logit_bias=((3, -100.0),))
+    steps = [step async for step in engine.generate("r", [5, 6, 7], options, arrival_time=1.0)]
+    assert (llm.params.prompt_logprobs, llm.params.logit_bias) == (1, {3: -100.0})
+    scored = [entry for step in steps for entry in step.prompt_logprobs or []]
+    assert scored[0] is None
+    assert [(e.token, e.logprob, e.top) for e in scored[1:] if e is not None] == [
+        ("t6", -1.0, (("best", -0.1),)),
+        ("t7", -9999.0, (("best", -0.1),)),
+    ]

@@ -54,13 +54,13 @@ BAD_HEADERS = [
 
 
 @pytest.mark.parametrize("headers", BAD_HEADERS)
-def test_every_route_but_health_and_ready_needs_a_key(
+def test_every_route_but_the_probes_and_the_playground_needs_a_key(
     client: TestClient, headers: dict[str, str]
 ) -> None:
     reference = None
-    for method, path in every_route(client):
+    for method, path in [*every_route(client), ("GET", "/playgroundx"), ("GET", "/playground/")]:
         response = client.request(method, path, headers=headers, json={})
-        if path in ("/health", "/ready", "/metrics"):
+        if path in ("/health", "/ready", "/metrics", "/playground", "/playground/"):
             assert response.status_code == 200, path
             continue
         assert response.status_code == 401, (method, path)

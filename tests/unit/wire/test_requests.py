@@ -37,7 +37,7 @@ def test_text_parts_join_with_newlines() -> None:
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         {"messages": [{"role": "user"}]},
         {"stop": ["ok", ""]},
-        {"logit_bias": {"1": 2.0}},
+        {"logit_bias": {"x": 2.0}},
         {"response_format": {"type": "json_schema"}},
         {"response_format": {"type": "xml"}},
         {"structured_outputs": {"regex": "a", "choice": ["a"]}},
@@ -79,10 +79,10 @@ def test_empty_prompts_are_refused(prompt: object) -> None:
         CompletionRequest.model_validate({"model": "m", "prompt": prompt})
 
 
-@pytest.mark.parametrize("echo", [{"echo": True}, {"suffix": "x"}, {"best_of": 3}])
-def test_unsupported_completion_options_are_refused(echo: dict[str, object]) -> None:
-    with pytest.raises(ValidationError):
-        CompletionRequest.model_validate({"model": "m", "prompt": "x", **echo})
+@pytest.mark.parametrize("option", [{"suffix": "x"}, {"best_of": 3}])
+def test_unsupported_completion_options_are_refused(option: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="not supported"):
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", **option})
 
 
 def test_validation_param_drops_type_parts() -> None:
@@ -171,3 +171,109 @@ def test_the_largest_accepted_integers_validate() -> None:
         {**BASE, "top_k": 2**31 - 1, "seed": -(2**63), "min_tokens": 2**63 - 1}
     )
     assert (request.top_k, request.seed, request.min_tokens) == (2**31 - 1, -(2**63), 2**63 - 1)
+
+
+# ---- tool messages ---------------------------------------------------------------------------
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+TOOL_TURNS = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+]
+
+
+def test_tool_turns_reach_the_template_with_their_fields() -> None:
+    request = ChatCompletionRequest.model_validate({**BASE, "messages": TOOL_TURNS})
+    assert request.prompt_messages()[1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": {"a": 1}},
+                }
+            ],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+    ]
+
+
+def test_legacy_function_messages_become_tool_turns() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {
+            **BASE,
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "function_call": {"name": "f", "arguments": "{}"},
+                },
+                {"role": "function", "name": "f", "content": "ok"},
+            ],
+        }
+    )
+    assistant, result = request.prompt_messages()
+    assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": {}}
+    assert result == {"role": "tool", "content": "ok", "name": "f"}
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "content": "42"}, "messages.0"),
+        ({"role": "tool", "tool_call_id": "c"}, "messages.0"),
+        ({"role": "function", "content": "x"}, "messages.0"),
+        ({"role": "user", "content": "x", "tool_calls": [CALL]}, "messages.0"),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"a": 1}}}],
+            },
+            "messages.0.tool_calls.0.function.arguments",
+        ),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"type": "function", "function": CALL["function"]}],
+            },
+            "messages.0.tool_calls.0.id",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "type": "code"}]},
+            "messages.0.tool_calls.0.type",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "id": "\ud800"}]},
+            "messages.0.tool_calls.0.id",
+        ),
+        ({"role": "tool", "tool_call_id": "\udfff", "content": "x"}, "messages.0.tool_call_id"),
+    ],
+)
+def test_bad_tool_messages_are_refused_at_their_field(message: dict[str, Any], param: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate({**BASE, "messages": [message]})
+    assert validation_param(("body", *caught.value.errors()[0]["loc"])) == param
+
+
+def test_compact_bodies_keep_tool_fields() -> None:
+    from sluicegate.wire.compact import compact_body
+
+    body = {
+        **BASE,
+        "messages": [*TOOL_TURNS, {"role": "user", "content": [{"type": "text", "text": "a"}]}],
+        "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        ],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    }
+    original = ChatCompletionRequest.model_validate(body)
+    compact = compact_body(ChatCompletionRequest, json.dumps(body).encode())
+    assert compact.data is not None
+    again = ChatCompletionRequest.model_validate(compact.data)
+    assert again.prompt_messages() == original.prompt_messages()
+    assert again.tools == original.tools and again.tool_choice == "required"
+    assert again.parallel_tool_calls is False

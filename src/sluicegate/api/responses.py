@@ -1,0 +1,148 @@
+"""The Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, and
+`GET /v1/responses/{id}/input_items`.
+
+A Responses request runs as a chat completion: its conversation (the stored one of
+`previous_response_id`, then `input`) becomes a chat request (`wire.responses.chat_body`),
+which is prepared and answered by the same `Exchange` as `/v1/chat/completions` (rate
+limits, cache, token budget, metrics, traces), rendered as a response object or its events
+(`wire.response_format`). With `store` (the default) the response and its conversation are
+kept (`conversation.store`) once answered; a store that fails then is logged, and the answer
+still goes out (it is already rendered; the client learns of it when it reads the response).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from sluicegate.api.completions import TOKEN_BUDGET_SPAN, Exchange
+from sluicegate.api.deps import KeyIdDep, StateDep
+from sluicegate.api.route import LargeBodyRoute
+from sluicegate.conversation.record import StoredResponse
+from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
+from sluicegate.http.errors import validation_param
+from sluicegate.http.state import AppState
+from sluicegate.observability.tracing import span
+from sluicegate.wire.requests import ChatCompletionRequest
+from sluicegate.wire.response_body import ResponseEnvelope, identified
+from sluicegate.wire.response_format import ResponsesFormat
+from sluicegate.wire.responses import Item, ResponsesRequest, chat_body, param_for
+
+logger = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=LargeBodyRoute)
+
+
+@router.post("/responses", response_model=None)
+async def create_response(
+    body: ResponsesRequest, request: Request, state: StateDep, key_id: KeyIdDep
+) -> Response:
+    history = await _history(state, key_id, body.previous_response_id)
+    chat = chat_request(chat_body(body, history))
+    with span(TOKEN_BUDGET_SPAN):
+        try:
+            run = await state.service.prepare_chat(chat)
+        except InvalidRequestError as exc:
+            exc.param = None if exc.param is None else param_for(exc.param)
+            raise
+    fmt = ResponsesFormat(run.format, ResponseEnvelope(body.model, body.echo()))
+    run = dataclasses.replace(run, format=fmt)
+    conversation = [*history, *identified(body.input_items())]
+
+    async def answered() -> None:
+        if body.store and fmt.final is not None:
+            await _keep(state, key_id, StoredResponse(fmt.final, conversation))
+
+    exchange = Exchange.start(run, body.stream, request, state, answered=answered)
+    return await exchange.respond()
+
+
+@router.get("/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, state: StateDep, key_id: KeyIdDep) -> JSONResponse:
+    stored = await state.responses.get(key_id, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return JSONResponse(stored.response)
+
+
+@router.get("/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    response_id: str,
+    state: StateDep,
+    key_id: KeyIdDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    """The response's input items (the earlier conversation's included), a page at a time."""
+    stored = await state.responses.get(key_id, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    items = stored.items if order == "asc" else stored.items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidRequestError(f"No input item with id '{after}'.", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
+
+
+@router.delete("/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, state: StateDep, key_id: KeyIdDep) -> JSONResponse:
+    if not await state.responses.delete(key_id, response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat request, validated; what it refuses is a 400 naming the Responses parameter."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        param = param_for(validation_param(("body", *first["loc"])))
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise InvalidRequestError(
+            f"Invalid value for '{param}': {msg}.", param=param, code="invalid_value"
+        ) from None
+
+
+async def _history(state: AppState, key_id: str, previous_id: str | None) -> list[Item]:
+    """The conversation `previous_response_id` continues (empty without one)."""
+    if previous_id is None:
+        return []
+    previous = await state.responses.get(key_id, previous_id)
+    if previous is None:
+        raise InvalidRequestError(
+            f"Previous response with id '{previous_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return previous.conversation()
+
+
+async def _keep(state: AppState, key_id: str, record: StoredResponse) -> None:
+    try:
+        kept = await state.responses.put(key_id, record)
+    except StoreUnavailableError:
+        logger.warning("response %s was answered but could not be stored", record.id)
+        return
+    if not kept:
+        logger.warning("response %s is larger than the store takes; not stored", record.id)
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"No response found with id '{response_id}'.", param="response_id")

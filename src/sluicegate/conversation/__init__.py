@@ -1,0 +1,1 @@
+"""Stored responses of the Responses API (`store`, `previous_response_id`)."""

@@ -1,0 +1,73 @@
+"""`/tokenize` and `/detokenize`: the model's tokenizer, as vLLM's server exposes it.
+
+Tokenizing long text runs off the event loop (`engine.tokenizer`); a text longer than any
+prompt the model could take is refused before it is tokenized, so one request cannot ask for
+an answer of millions of ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, EngineClient
+from sluicegate.errors import InvalidRequestError, ModelNotFoundError
+from sluicegate.wire.tokenize import DetokenizeRequest, TokenizeRequest
+
+
+class TokenizationService:
+    def __init__(self, engine: EngineClient, model_name: str):
+        self._engine = engine
+        self._model_name = model_name
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's `TokenizeResponse`: count, max_model_len, tokens, token_strs."""
+        self._check_model(request.model)
+        tokenizer = self._engine.tokenizer
+        if request.messages is not None:
+            param = "messages"
+            text = await tokenizer.render_chat(
+                request.prompt_messages(),
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+            )
+        else:
+            param, text = "prompt", request.prompt or ""
+        self._check_length(text, param)
+        tokenized = await tokenizer.tokenize(
+            text, add_special_tokens=request.special_tokens, with_strings=request.return_token_strs
+        )
+        return {
+            "count": len(tokenized.ids),
+            "max_model_len": self._engine.max_model_len,
+            "tokens": tokenized.ids,
+            "token_strs": tokenized.strings,
+        }
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, str]:
+        """vLLM's `DetokenizeResponse`: the ids' text, special tokens kept."""
+        self._check_model(request.model)
+        tokenizer = self._engine.tokenizer
+        vocab = tokenizer.vocab_size
+        outside = next((t for t in request.tokens if t >= vocab), None)
+        if outside is not None:
+            raise InvalidRequestError(
+                f"token ids must be in [0, {vocab}); {outside} is not.", param="tokens"
+            )
+        return {"prompt": await tokenizer.decode(request.tokens)}
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self._model_name:
+            raise ModelNotFoundError(
+                f"The model `{model}` does not exist. This server serves `{self._model_name}`.",
+                param="model",
+            )
+
+    def _check_length(self, text: str, param: str) -> None:
+        longest = MAX_TOKEN_CHARS * self._engine.max_model_len
+        if len(text) > longest:
+            raise InvalidRequestError(
+                f"The text to tokenize has {len(text)} characters, more than any prompt of "
+                f"this model ({self._engine.max_model_len} tokens) can hold; at most "
+                f"{longest} are accepted.",
+                param=param,
+            )

@@ -1,0 +1,124 @@
+"""The pieces of the Responses API's response object: ids, output items, usage, and the
+envelope that echoes the request's parameters (`ResponseEnvelope`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sluicegate.wire.completion import Usage
+from sluicegate.wire.responses import Item
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex}"
+
+
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def response_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["total_tokens"],
+    }
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> Item:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [output_text(text)],
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> Item:
+    function = call.get("function") or {}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call.get("id") or new_item_id("call"),
+        "name": function.get("name", ""),
+        "arguments": function.get("arguments", ""),
+        "status": status,
+    }
+
+
+def output_items(message: dict[str, Any], incomplete: bool) -> list[Item]:
+    """A chat message as output items: its text as a message item (when it has text or no
+    tool calls), then one function call item per tool call."""
+    status = "incomplete" if incomplete else "completed"
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    items: list[Item] = []
+    if content or not calls:
+        items.append(message_item(new_item_id("msg"), content or "", status))
+    items += [function_call_item(new_item_id("fc"), call) for call in calls]
+    return items
+
+
+class ResponseEnvelope:
+    """The response object's fixed part: id, model, creation time and the echoed request."""
+
+    def __init__(self, model: str, echo: dict[str, Any], response_id: str | None = None):
+        self.id = response_id or new_response_id()
+        self.created_at = int(time.time())
+        self.model = model
+        self.echo = echo
+
+    def body(
+        self,
+        status: str,
+        output: list[Item],
+        usage: dict[str, Any] | None,
+        finish_reason: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        incomplete = status == "incomplete"
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "model": self.model,
+            "output": output,
+            "usage": usage,
+            **self.echo,
+        }
+
+
+_ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def identified(items: list[Item]) -> list[Item]:
+    """Input items as they are stored and listed: each with an id, a message's content as
+    text parts (`input_text`, or `output_text` for the assistant's)."""
+    out = []
+    for item in items:
+        kind = item.get("type", "message")
+        stored = {"id": new_item_id(_ITEM_PREFIXES.get(kind, "item")), **item, "type": kind}
+        if kind == "message":
+            stored.setdefault("status", "completed")
+            if isinstance(item["content"], str):
+                part = "output_text" if item["role"] == "assistant" else "input_text"
+                stored["content"] = [{"type": part, "text": item["content"]}]
+        out.append(stored)
+    return out
+
+
+def status_of(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"

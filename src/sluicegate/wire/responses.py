@@ -1,0 +1,356 @@
+"""The Responses API request (`POST /v1/responses`) and its conversion to a chat request.
+
+A Responses request runs through the chat pipeline: `chat_body` turns its instructions, its
+conversation (the stored one of `previous_response_id`, then `input`) and its parameters
+into the body of a chat completion request, in OpenAI's chat shapes (`tools`, `tool_choice`,
+`response_format`, tool messages). Whatever the chat request accepts, the Responses API then
+accepts; what it refuses comes back as a 400 naming the Responses parameter (`param_for`).
+
+What this server cannot do is refused here, by name: built-in tools, background runs,
+reasoning effort, image/file/audio inputs, `include`, conversations.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sluicegate.wire.requests import INT64_MAX, Truncation, _check_texts, _Model
+
+Item = dict[str, Any]
+"""An input or output item, as JSON (messages, function calls and their outputs)."""
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+class FunctionTool(_Model):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def chat(self) -> dict[str, Any]:
+        """The tool in the chat shape (`{"type": "function", "function": {...}}`)."""
+        function: dict[str, Any] = {"name": self.name}
+        for name in ("description", "parameters", "strict"):
+            value = getattr(self, name)
+            if value is not None:
+                function[name] = value
+        return {"type": "function", "function": function}
+
+
+class TextFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = Field(default=None, max_length=64)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_named(self) -> TextFormat:
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError("a json_schema format needs a name and a schema")
+        return self
+
+    def response_format(self) -> dict[str, Any] | None:
+        """The chat request's `response_format` (None for plain text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        json_schema: dict[str, Any] = {"name": self.name, "schema": self.schema_}
+        if self.description is not None:
+            json_schema["description"] = self.description
+        if self.strict is not None:
+            json_schema["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": json_schema}
+
+    def echo(self) -> dict[str, Any]:
+        """The format as the response object repeats it."""
+        echoed = self.model_dump(by_alias=True, exclude_none=True)
+        echoed["type"] = self.type
+        return echoed
+
+
+class TextOptions(_Model):
+    format: TextFormat = Field(default_factory=TextFormat)
+    verbosity: Literal["medium"] | None = None
+
+
+class Reasoning(_Model):
+    effort: Literal["none"] | None = None
+    summary: None = None
+
+
+class ResponsesRequest(_Model):
+    model: str
+    input: str | list[Item]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    tools: list[FunctionTool] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    text: TextOptions = Field(default_factory=TextOptions)
+    store: bool = True
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=128)
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Truncation = "disabled"
+    # What this server cannot do: refused when set (a 400 naming the parameter).
+    reasoning: Reasoning | None = None
+    background: bool | None = None
+    include: list[str] | None = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
+    service_tier: Literal["auto", "default"] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, tool in enumerate(value):
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                if kind != "function":
+                    raise ValueError(
+                        f"tools[{i}]: only function tools are supported by this server; "
+                        f"built-in tools ({kind!r}) are not supported"
+                    )
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _known_tool_choice(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(value, str):
+            if value not in ("none", "auto", "required"):
+                raise ValueError("tool_choice must be none, auto, required or a function")
+        elif value.get("type") != "function" or not isinstance(value.get("name"), str):
+            raise ValueError(
+                "only {'type': 'function', 'name': ...} is supported as a tool_choice object"
+            )
+        return value
+
+    @field_validator("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
+    @classmethod
+    def _not_supported(cls, value: Any) -> Any:
+        if value not in (None, False):
+            raise ValueError("not supported by this server")
+        return value
+
+    @field_validator("include")
+    @classmethod
+    def _nothing_to_include(cls, value: list[str] | None) -> list[str] | None:
+        if value:
+            raise ValueError(f"{value[0]!r} is not supported by this server")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_bounded(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} pairs")
+        for key, text in value.items():
+            if len(key) > MAX_METADATA_KEY or len(text) > MAX_METADATA_VALUE:
+                raise ValueError(
+                    f"keys are at most {MAX_METADATA_KEY} and values at most "
+                    f"{MAX_METADATA_VALUE} characters"
+                )
+        _check_texts([*value, *value.values()], lambda _: ())
+        return value
+
+    @field_validator("model", "instructions", "user")
+    @classmethod
+    def _is_unicode(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_texts([value], lambda _: ())
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _input_items(cls, value: str | list[Item]) -> str | list[Item]:
+        if isinstance(value, str):
+            _check_texts([value], lambda _: ())
+            return value
+        if not value:
+            raise ValueError("input must not be empty")
+        items = [check_item(item, i) for i, item in enumerate(value)]
+        _check_texts([text for item in items for text in _item_texts(item)], lambda _: ())
+        return items
+
+    def input_items(self) -> list[Item]:
+        """`input` as items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return self.input
+
+    def echo(self) -> dict[str, Any]:
+        """The request's parameters as the response object repeats them."""
+        return {
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "tools": [t.model_dump(exclude_none=True) for t in self.tools],
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "text": {"format": self.text.format.echo(), "verbosity": "medium"},
+            "previous_response_id": self.previous_response_id,
+            "store": self.store,
+            "metadata": self.metadata or {},
+            "truncation": self.truncation,
+            "user": self.user,
+            "reasoning": {"effort": None, "summary": None},
+            "background": False,
+            "service_tier": "default",
+            "top_logprobs": 0,
+            "max_tool_calls": None,
+        }
+
+
+class InvalidItem(ValueError):
+    """An input item this server cannot take; the message names where."""
+
+
+def check_item(item: Any, index: int) -> Item:
+    """The item, checked: a message (its content a string or text parts), a function call or
+    a function call's output. Anything else (images, files, reasoning, built-in tool calls,
+    item references) is refused."""
+    where = f"input[{index}]"
+    if not isinstance(item, dict):
+        raise InvalidItem(f"{where} must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        if item.get("role") not in _ROLES:
+            raise InvalidItem(f"{where}.role must be one of {', '.join(_ROLES)}")
+        content = item.get("content")
+        if isinstance(content, str):
+            return item
+        if not isinstance(content, list):
+            raise InvalidItem(f"{where}.content must be a string or a list of text parts")
+        for j, part in enumerate(content):
+            part_type = part.get("type") if isinstance(part, dict) else None
+            if part_type not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+                raise InvalidItem(
+                    f"{where}.content[{j}]: only input_text and output_text parts are "
+                    f"supported; {part_type!r} inputs are not supported by this server"
+                )
+        return item
+    if kind == "function_call":
+        for name in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(name), str):
+                raise InvalidItem(f"{where}.{name} must be a string")
+        return item
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise InvalidItem(f"{where}.call_id must be a string")
+        output = item.get("output")
+        if not isinstance(output, str | list):
+            raise InvalidItem(f"{where}.output must be a string or a list of text parts")
+        if isinstance(output, list) and not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in output
+        ):
+            raise InvalidItem(f"{where}.output: only text parts are supported")
+        return item
+    raise InvalidItem(f"{where}: items of type {kind!r} are not supported by this server")
+
+
+def _item_texts(item: Item) -> list[str]:
+    texts: list[str] = []
+    for value in (item.get("content"), item.get("output"), item.get("arguments")):
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, list):
+            texts += [p["text"] for p in value]
+    return texts
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+
+
+def chat_messages(items: list[Item], instructions: str | None = None) -> list[dict[str, Any]]:
+    """The conversation as chat messages: `instructions` first (a system message), message
+    items as messages, a run of function calls as one assistant message's `tool_calls`, and
+    each function call's output as a `tool` message."""
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": instructions})
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _text(item["content"])})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:  # function_call_output
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])}
+            )
+    return messages
+
+
+def chat_body(request: ResponsesRequest, history: list[Item]) -> dict[str, Any]:
+    """The chat completion request this Responses request runs as; `history` is the stored
+    conversation of `previous_response_id` (its input and output items), else empty."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": chat_messages([*history, *request.input_items()], request.instructions),
+        "stream": request.stream,
+        "truncation": request.truncation,
+    }
+    for name in ("temperature", "top_p", "user"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.max_output_tokens is not None:
+        body["max_completion_tokens"] = request.max_output_tokens
+    if request.tools:
+        body["tools"] = [tool.chat() for tool in request.tools]
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+        choice = request.tool_choice
+        body["tool_choice"] = (
+            choice
+            if isinstance(choice, str)
+            else {"type": "function", "function": {"name": choice["name"]}}
+        )
+    elif request.tool_choice not in ("auto", "none"):
+        body["tool_choice"] = request.tool_choice  # refused by the chat request: no tools
+    response_format = request.text.format.response_format()
+    if response_format is not None:
+        body["response_format"] = response_format
+    return body
+
+
+_CHAT_TO_RESPONSES = {
+    "messages": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
+
+
+def param_for(chat_param: str) -> str:
+    """The Responses parameter behind a chat request's parameter (`messages.3.role` ->
+    `input`, `response_format.json_schema` -> `text.format`)."""
+    head = chat_param.split(".", 1)[0]
+    return _CHAT_TO_RESPONSES.get(head, chat_param)

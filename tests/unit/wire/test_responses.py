@@ -1,0 +1,213 @@
+"""A Responses request as the chat request it runs as, and what it refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from sluicegate.wire.responses import ResponsesRequest, chat_body, chat_messages, param_for
+
+
+def request(**fields: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", "input": "hi", **fields})
+
+
+def refused_param(**fields: Any) -> str:
+    with pytest.raises(ValidationError) as caught:
+        request(**fields)
+    return ".".join(str(p) for p in caught.value.errors()[0]["loc"])
+
+
+def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
+    body = chat_body(request(instructions="Be brief."), [])
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+
+
+def test_message_items_keep_their_roles_and_join_their_text_parts() -> None:
+    items = [
+        {"role": "developer", "content": "rules"},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+        },
+        {"role": "assistant", "content": [{"type": "output_text", "text": "c"}]},
+    ]
+    assert chat_body(request(input=items), [])["messages"] == [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "c"},
+    ]
+
+
+def test_function_calls_become_one_assistant_message_and_outputs_tool_messages() -> None:
+    items = [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"x":1}'},
+        {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"text": "rain"}]},
+    ]
+    messages = chat_messages(request(input=items).input_items())
+    assert messages[1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"x":1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+        ],
+    }
+    assert messages[2:] == [
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+    ]
+
+
+def test_a_function_call_after_assistant_text_joins_that_message() -> None:
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "q"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "t"}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+    ]
+    assistant = chat_messages(history)[1]
+    assert assistant["content"] == "t" and assistant["tool_calls"][0]["id"] == "c"
+
+
+def test_history_comes_before_the_new_input_and_instructions_before_both() -> None:
+    history: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": "first"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A"}]},
+    ]
+    body = chat_body(request(input="second", instructions="new"), history)
+    assert [m["content"] for m in body["messages"]] == ["new", "first", "A", "second"]
+
+
+def test_parameters_map_to_their_chat_names() -> None:
+    body = chat_body(
+        request(
+            max_output_tokens=7,
+            temperature=0.5,
+            top_p=0.9,
+            user="u",
+            stream=True,
+            truncation="auto",
+        ),
+        [],
+    )
+    assert body["max_completion_tokens"] == 7
+    assert (body["temperature"], body["top_p"], body["user"]) == (0.5, 0.9, "u")
+    assert body["stream"] is True and body["truncation"] == "auto"
+    assert "response_format" not in body and "tools" not in body
+
+
+def test_truncation_defaults_to_disabled_as_openai() -> None:
+    assert chat_body(request(), [])["truncation"] == "disabled"
+
+
+def test_function_tools_and_tool_choice_take_the_chat_shape() -> None:
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "strict": True,
+    }
+    body = chat_body(
+        request(
+            tools=[tool],
+            tool_choice={"type": "function", "name": "get_weather"},
+            parallel_tool_calls=False,
+        ),
+        [],
+    )
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "parameters": tool["parameters"],
+                "strict": True,
+            },
+        }
+    ]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["parallel_tool_calls"] is False
+    assert chat_body(request(tools=[tool], tool_choice="required"), [])["tool_choice"] == (
+        "required"
+    )
+
+
+def test_json_schema_text_format_becomes_the_chat_response_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    text = {"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}}
+    body = chat_body(request(text=text), [])
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "thing", "schema": schema, "strict": True},
+    }
+    assert request(text=text).echo()["text"]["format"] == {
+        "type": "json_schema",
+        "name": "thing",
+        "schema": schema,
+        "strict": True,
+    }
+
+
+def test_json_object_and_text_formats() -> None:
+    assert chat_body(request(text={"format": {"type": "json_object"}}), [])["response_format"] == {
+        "type": "json_object"
+    }
+    assert "response_format" not in chat_body(request(text={"format": {"type": "text"}}), [])
+
+
+def test_a_json_schema_format_needs_a_name_and_a_schema() -> None:
+    assert refused_param(text={"format": {"type": "json_schema", "name": "x"}}) == "text.format"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools"),
+        ({"background": True}, "background"),
+        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
+        ({"input": [{"type": "input_file", "file_id": "f"}]}, "input"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input"),
+        ({"input": []}, "input"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "\ud800"}, "input"),
+    ],
+)
+def test_what_this_server_cannot_do_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
+    assert refused_param(**fields).startswith(param)
+
+
+def test_reasoning_effort_none_is_accepted() -> None:
+    assert request(reasoning={"effort": "none"}).reasoning is not None
+
+
+def test_chat_params_name_the_responses_params() -> None:
+    assert param_for("messages.3.role") == "input"
+    assert param_for("max_tokens") == "max_output_tokens"
+    assert param_for("response_format.json_schema") == "text.format"
+    assert param_for("tools") == "tools"
+
+
+def test_the_echo_repeats_the_request_parameters() -> None:
+    echo = request(instructions="i", max_output_tokens=5, metadata={"a": "b"}, store=False).echo()
+    assert echo["instructions"] == "i" and echo["max_output_tokens"] == 5
+    assert echo["metadata"] == {"a": "b"} and echo["store"] is False
+    assert echo["tool_choice"] == "auto" and echo["tools"] == []
+    assert echo["text"]["format"] == {"type": "text"}
