@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -143,3 +144,18 @@ def test_the_page_parses_events_split_anywhere(page: webdriver.Chrome) -> None:
             '{"error":{"message":"late"}}',
             "[DONE]",
         ], size
+
+
+def test_a_json_schema_constrains_the_answer(page: webdriver.Chrome) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    }
+    set_field(page, "schema", json.dumps(schema))
+    send(page, "Which city is the capital of France?", 40)
+    finished(page)
+    set_field(page, "schema", "")
+    assert text(page, "error") == ""
+    answer = json.loads(text(page, "output"))
+    assert isinstance(answer, dict) and isinstance(answer["city"], str)

@@ -459,12 +459,6 @@ def _json(arguments: str) -> Any:
         return arguments
 
 
-def _refuse_if_set(value: Any, info: ValidationInfo) -> Any:
-    if value not in (None, False, [], {}):
-        raise ValueError(f"{info.field_name} is not supported by this server")
-    return None
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
@@ -475,6 +469,24 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDefinition] | None = None
     function_call: FunctionCallChoice | None = None
+    # What a text-only model without search cannot give: refused, never silently ignored.
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @field_validator("audio", "web_search_options")
+    @classmethod
+    def _unsupported(cls, value: dict[str, Any] | None, info: ValidationInfo) -> None:
+        if value is not None:  # `web_search_options: {}` asks for a search
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(m != "text" for m in value):
+            raise ValueError("this model answers in text only: modalities must be ['text']")
+        return value
 
     @field_validator("messages")
     @classmethod

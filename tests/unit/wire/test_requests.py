@@ -277,3 +277,32 @@ def test_compact_bodies_keep_tool_fields() -> None:
     assert again.prompt_messages() == original.prompt_messages()
     assert again.tools == original.tools and again.tool_choice == "required"
     assert again.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("web_search_options", {}),
+    ],
+)
+def test_output_a_text_model_cannot_give_is_refused_not_ignored(field: str, value: object) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: value}
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate(body)
+    assert caught.value.errors()[0]["loc"] == (field,)
+
+
+def test_text_modalities_and_ignored_hints_are_accepted() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "modalities": ["text"],
+        "metadata": {"team": "a"},
+        "store": False,
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "prediction": {"type": "content", "content": "x"},
+    }
+    assert ChatCompletionRequest.model_validate(body).modalities == ["text"]
