@@ -1,10 +1,27 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from sluicegate.engine.tokenizer import HFPromptTokenizer
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+"""The Redis that `make test` makes sure answers (scripts/ensure-redis.sh)."""
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    """A Redis key prefix of the test's own, its keys deleted afterwards."""
+    value = f"test-{uuid.uuid4().hex}"
+    yield value
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{value}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture(scope="session")

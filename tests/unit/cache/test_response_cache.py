@@ -23,7 +23,7 @@ from sluicegate.observability.metrics import (
 )
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 from tests.integration.redis_server import RedisProcess
-from tests.unit.cache.conftest import REDIS_URL
+from tests.unit.conftest import REDIS_URL
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 

@@ -13,8 +13,8 @@ import redis
 
 from sluicegate.cache.key import lock_key
 from tests.fakes import FakeEngine, fake_app, serve_in_thread
-from tests.unit.cache.conftest import REDIS_URL
 from tests.unit.cache.test_response_cache import SLOW_OK, chat, post, sse_payloads
+from tests.unit.conftest import REDIS_URL
 
 WORDS = [f" w{i}" for i in range(10)]
 STEP = 0.1  # 10 steps of 0.1 s: the generation outlives the flight timeout three times

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -12,8 +12,8 @@ import redis.asyncio
 from sluicegate.conversation.record import StoredResponse
 from sluicegate.conversation.store import MemoryResponseStore, RedisResponseStore, StoreConfig
 from sluicegate.errors import StoreUnavailableError
+from tests.unit.conftest import REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 CONFIG = StoreConfig(ttl=60, max_entry_bytes=10_000)
 
 
@@ -79,17 +79,6 @@ async def test_memory_store_entries_expire() -> None:
     assert await store.get("k", stored.id) == stored
     clock.now = 60.5
     assert await store.get("k", stored.id) is None
-
-
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    value = f"test-{uuid.uuid4().hex}"
-    yield value
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{value}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 @pytest.fixture
