@@ -29,7 +29,7 @@ from sluicegate.cache.key import CachePolicy
 from sluicegate.engine.model import DEFAULT_MODEL_NAME
 from sluicegate.keys import ApiKeyring
 from sluicegate.observability.logs import LogFormat
-from sluicegate.wire.requests import MAX_N, Overflow, Truncation
+from sluicegate.wire.requests import MAX_MESSAGES, MAX_N, MAX_PROMPTS, Overflow, Truncation
 
 # Settings whose values must never be echoed, not even in an error message.
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
@@ -300,8 +300,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
     )
-    max_messages: int = Field(default=2048, ge=1, description="Most messages in one chat request.")
-    max_prompts: int = Field(default=64, ge=1, description="Most prompts in one completion.")
+    max_messages: int = Field(
+        default=2048, ge=1, le=MAX_MESSAGES, description="Most messages in one chat request."
+    )
+    max_prompts: int = Field(
+        default=64, ge=1, le=MAX_PROMPTS, description="Most prompts in one completion."
+    )
     max_n: int = Field(default=16, ge=1, le=MAX_N, description="Largest `n` accepted.")
     max_sequences_per_request: int = Field(
         default=64,

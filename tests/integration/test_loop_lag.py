@@ -3,7 +3,8 @@ worked on, `/health` answers every probe within 100 ms (real engine, real HTTP).
 
 The bodies are the worst cases of work proportional to input size: a long older turn of many
 sentences (truncated), many very short sentences, content split into a quarter of a million
-parts, 2,000 messages, and a text completion prompt of megabytes. Each is sent from another
+parts, 2,000 messages, a text completion prompt of megabytes, and 240,000 tiny messages (chat,
+Responses items, /tokenize), refused for their number. Each is sent from another
 process, so that its upload shares no GIL with the probe.
 """
 
@@ -30,6 +31,9 @@ def sentences(size: int, sentence: str = "The quick brown fox jumps over the laz
     return sentence * (size // len(sentence))
 
 
+TOO_MANY = 240_000
+
+
 def hostile_bodies() -> Iterator[tuple[str, str, dict[str, object]]]:
     size = BODY_LIMIT - 64 * 1024
     chat = "/v1/chat/completions"
@@ -53,6 +57,18 @@ def hostile_bodies() -> Iterator[tuple[str, str, dict[str, object]]]:
     ]
     yield "many messages", chat, {"messages": [*turns, {"role": "user", "content": "Go on."}]}
     yield "long prompt", "/v1/completions", {"prompt": sentences(size)}
+    tiny = [{"role": "user", "content": ""}] * TOO_MANY
+    yield "too many messages", chat, {"messages": tiny}
+    yield "too many input items", "/v1/responses", {"input": tiny}
+    yield "too many messages to tokenize", "/tokenize", {"messages": tiny}
+
+
+# Where a body is refused whole, the parameter named.
+REFUSED_PARAM = {
+    "too many messages": "messages",
+    "too many input items": "input",
+    "too many messages to tokenize": "messages",
+}
 
 
 def lag_samples_over(url: str, seconds: str) -> float:
@@ -94,7 +110,9 @@ def test_health_answers_within_100_ms_while_a_hostile_body_is_worked_on(
     print(f"{name}: {len(waits)} probes, worst {max(waits) * 1000:.0f} ms, status {status}")
     # The request itself is answered: a completion, or (the prompt cannot fit) a clean 400.
     assert status in ("200", "400"), answer
-    if status == "400":
+    if name in REFUSED_PARAM:
+        assert status == "400" and json.loads(answer)["error"]["param"] == REFUSED_PARAM[name]
+    elif status == "400":
         assert json.loads(answer)["error"]["code"] == "context_length_exceeded"
     assert len(waits) >= 3, "the request was too quick to probe"
     assert max(waits) <= WORST_PROBE_S, f"{name}: /health waited {max(waits) * 1000:.0f} ms"

@@ -41,6 +41,13 @@ INT32_MAX = 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
+MAX_MESSAGES = 16384
+"""The most messages (or Responses input items) a request may hold, whatever the settings
+(`SLUICEGATE_MAX_MESSAGES` picks fewer). Large bodies are validated in a worker process, then
+validated again on the event loop in their compact form: this bounds that second pass (about
+3 ms per thousand messages) however many the body held."""
+MAX_PROMPTS = 4096
+"""The most prompts one completion request may batch, whatever the settings (as above)."""
 MAX_LOGIT_BIAS = 1024
 """Entries one `logit_bias` may hold (each is a row of vLLM's bias tensor, per sequence)."""
 Truncation = Literal["auto", "disabled"]
@@ -460,7 +467,7 @@ def _json(arguments: str) -> Any:
 
 
 class ChatCompletionRequest(SamplingRequest):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -521,7 +528,12 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+Prompt = (
+    str
+    | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
+    | list[int]
+    | Annotated[list[list[int]], Field(max_length=MAX_PROMPTS)]
+)
 
 
 class CompletionRequest(SamplingRequest):

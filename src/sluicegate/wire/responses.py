@@ -12,11 +12,11 @@ reasoning effort, image/file/audio inputs, `include`, conversations.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sluicegate.wire.requests import INT64_MAX, Truncation, _check_texts, _Model
+from sluicegate.wire.requests import INT64_MAX, MAX_MESSAGES, Truncation, _check_texts, _Model
 
 Item = dict[str, Any]
 """An input or output item, as JSON (messages, function calls and their outputs)."""
@@ -90,7 +90,7 @@ class Reasoning(_Model):
 
 class ResponsesRequest(_Model):
     model: str
-    input: str | list[Item]
+    input: Annotated[list[Item], Field(max_length=MAX_MESSAGES)] | str
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0, le=2)

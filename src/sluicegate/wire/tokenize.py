@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sluicegate.wire.requests import (
     INT64_MAX,
+    MAX_MESSAGES,
     ChatMessage,
     RequestModel,
     check_messages,
@@ -24,7 +25,7 @@ from sluicegate.wire.requests import (
 class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
