@@ -279,10 +279,12 @@ class Settings(BaseSettings):
         "recently used dropped first.",
     )
     responses_max_entry_bytes: int = Field(
-        default=4 * 1024 * 1024,
+        default=1024 * 1024,
         ge=1024,
+        le=16 * 1024 * 1024,
         description="Largest stored response (the response and its whole conversation); a "
-        "larger one is answered but not stored.",
+        "larger one is answered but not stored. Continuing one decodes, converts and stores "
+        "it again on the event loop (about 50 ms per MiB), so keep it small.",
     )
     responses_redis_timeout: float = Field(
         default=0.5,

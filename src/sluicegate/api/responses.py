@@ -140,6 +140,9 @@ async def _keep(state: AppState, key_id: str, record: StoredResponse) -> None:
     except StoreUnavailableError:
         logger.warning("response %s was answered but could not be stored", record.id)
         return
+    except ValueError:  # not encodable (checked texts should make this impossible)
+        logger.exception("response %s could not be encoded; not stored", record.id)
+        return
     if not kept:
         logger.warning("response %s is larger than the store takes; not stored", record.id)
 

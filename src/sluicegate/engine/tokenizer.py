@@ -21,6 +21,7 @@ from sluicegate.engine.protocol import (
     Tokenized,
     Tools,
 )
+from sluicegate.errors import InvalidRequestError
 from sluicegate.lru import BoundedLRU
 
 T = TypeVar("T")
@@ -143,17 +144,28 @@ class HFPromptTokenizer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> str:
-        """The prompt text: the chat template applied (with a generation prompt by default)."""
-        return str(
-            self._tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                chat_template=self._template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
+        """The prompt text: the chat template applied (with a generation prompt by default).
+
+        A conversation the template refuses (its `raise_exception`, e.g. "only one tool call
+        per message") is an `InvalidRequestError` on `messages`."""
+        from jinja2 import TemplateError
+
+        try:
+            return str(
+                self._tokenizer.apply_chat_template(
+                    [dict(m) for m in messages],
+                    tools=[dict(t) for t in tools] if tools else None,
+                    chat_template=self._template,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                )
             )
-        )
+        except TemplateError as exc:
+            raise InvalidRequestError(
+                f"The model's chat template cannot render this conversation: {exc}",
+                param="messages",
+            ) from None
 
     def _encode_chat_sync(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
         # Same two steps as vLLM's server: render the template to text, then tokenize it
@@ -190,9 +202,12 @@ class HFPromptTokenizer:
         counted = [i for i, c in enumerate(contents) if len(c) <= BOUNDED_CONTENT_CHARS]
         exact = dict(zip(counted, self._count_sync([contents[i] for i in counted]), strict=True))
         counts = [
-            exact.get(i) or len(c.encode("utf-8", "surrogatepass")) for i, c in enumerate(contents)
+            (exact.get(i) or len(c.encode("utf-8", "surrogatepass")))
+            # A message's tool calls count as their JSON's length, an upper bound too.
+            + _calls_size(m)
+            for i, (c, m) in enumerate(zip(contents, messages, strict=True))
         ]
-        empty = [{**m, "content": ""} for m in messages]
+        empty = [_without_text(m) for m in messages]
         framing = len(self._encode_rendered(self.render(empty, tools)))
         per_message = framing // (len(messages) + 1)
         return ChatEncoding(
@@ -230,11 +245,29 @@ class HFPromptTokenizer:
 
 def _chat_size(messages: ChatMessages, tools: Tools | None = None) -> int:
     size = sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
-    # Tools are rendered as JSON (up to `max_tools_bytes`): weigh them as such; tool calls
-    # by a short estimate each.
-    calls = sum(len(m.get("tool_calls") or ()) for m in messages)
+    # Tools (up to `max_tools_bytes`) and tool calls (their arguments may be megabytes) are
+    # rendered as JSON: weigh them as such.
     tools_size = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
-    return size + tools_size + MESSAGE_WEIGHT_CHARS * 4 * calls
+    return size + tools_size + sum(_calls_size(m) for m in messages)
+
+
+def _calls_size(message: Mapping[str, Any]) -> int:
+    """Characters of the message's tool calls as ASCII JSON: no fewer than their tokens (a
+    token is at least a byte; an escape is six characters for at most four bytes)."""
+    calls = message.get("tool_calls")
+    return len(json.dumps(calls)) if calls else 0
+
+
+def _without_text(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message with no content and empty call arguments: what the template adds around
+    them (`_bounded_encoding`)."""
+    blank = {**message, "content": ""}
+    if message.get("tool_calls"):
+        blank["tool_calls"] = [
+            {**call, "function": {**call["function"], "arguments": {}}}
+            for call in message["tool_calls"]
+        ]
+    return blank
 
 
 def _memo_key(messages: ChatMessages, tools: Tools | None) -> tuple[object, ...]:

@@ -26,8 +26,8 @@ from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
     ConstraintCheck,
-    Requested,
     StructuredLimits,
+    forced_tool_call,
     requested_constraint,
 )
 from sluicegate.inference.telemetry import GenerationTelemetry, count_structured
@@ -239,10 +239,10 @@ class CompletionService:
         `tool_choice` "required" or a named function wins over `response_format`, as in
         vLLM's server: the output can only be calls whose arguments validate."""
         requested = requested_constraint(request, self._structured)
-        if tools is not None and (schema := tools.forced_schema()) is not None:
-            compact = self._structured.compact_whitespace
-            output = StructuredOutput(json=schema, compact_whitespace=compact)
-            requested = Requested(output, "tool_call", "tools")
+        if tools is not None:
+            await self._constraints.check_tools(tools)
+            if (schema := tools.forced_schema()) is not None:
+                requested = forced_tool_call(schema, self._structured)
         if requested is None:
             return None
         count_structured(requested.kind, await self._constraints.check(requested))

@@ -17,23 +17,24 @@ Two steps, so that nothing long runs on the event loop:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from sluicegate.engine.protocol import StructuredOutput
 from sluicegate.errors import InvalidRequestError
 from sluicegate.lru import BoundedLRU
 from sluicegate.wire.requests import SamplingRequest
+from sluicegate.wire.tools import ToolSetup
 
 Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "tool_call"]
 KINDS: tuple[Kind, ...] = ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call")
 """`tool_call`: the schema of `tool_choice` "required" or a named function (`wire.tools`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StructuredLimits:
     """Bounds on one request's constraint; each breach is a 400 naming the parameter."""
 
@@ -50,7 +51,7 @@ class StructuredLimits:
     that it is part of every constraint and of its cache key)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Requested:
     """The constraint a request asks for, and where in the request it came from."""
 
@@ -179,6 +180,13 @@ def _schema(value: dict[str, Any] | str, param: str, limits: StructuredLimits) -
     return Requested(output, "json_schema", param, value)
 
 
+def forced_tool_call(schema: str, limits: StructuredLimits) -> Requested:
+    """The constraint of `tool_choice` "required" or a named function (`ToolSetup.
+    forced_schema`), bounded, canonical and checked like a requested schema; refusals name
+    `tools`."""
+    return dataclasses.replace(_schema(json.loads(schema), "tools", limits), kind="tool_call")
+
+
 def canonical(schema: Any) -> Any:
     """`schema` with the keys of every object sorted, except the members of `properties`: the
     grammar generates an object's properties in that order (as OpenAI's models do), so it is
@@ -235,6 +243,8 @@ def _within(value: Any, max_depth: int, max_bytes: int | None) -> bool:
     return True
 
 
+TOOL_MEMO_CHARS = 8 * 1024 * 1024
+"""The remembered tool sets' JSON, all together."""
 Checker = Callable[[StructuredOutput], Awaitable[None]]
 """The engine's own check of a constraint (`EngineClient.check_structured`)."""
 
@@ -246,6 +256,9 @@ class ConstraintCheck:
     def __init__(self, engine_check: Checker, memo_entries: int = 256) -> None:
         self._engine_check = engine_check
         self._verdicts: BoundedLRU[StructuredOutput, str] = BoundedLRU(memo_entries)
+        self._tool_verdicts: BoundedLRU[str, tuple[str, str | None]] = BoundedLRU(
+            memo_entries, TOOL_MEMO_CHARS
+        )
 
     async def check(self, requested: Requested) -> float:
         """Raise `InvalidRequestError` naming `requested.param` if the constraint is refused.
@@ -261,6 +274,23 @@ class ConstraintCheck:
         if verdict:
             raise InvalidRequestError(verdict, param=requested.param)
         return elapsed
+
+    async def check_tools(self, tools: ToolSetup) -> None:
+        """Check the tools' parameter schemas in a worker thread (their size is bounded by
+        `max_tools_bytes`, not small), remembering the verdict by the tools' JSON: agents
+        send the same tools every turn."""
+        if not tools.tools:
+            return
+        verdict = self._tool_verdicts.get(tools.text)
+        if verdict is None:
+            try:
+                await asyncio.to_thread(tools.check_schemas)
+                verdict = ("", None)
+            except InvalidRequestError as exc:
+                verdict = (exc.message, exc.param)
+            self._tool_verdicts.put(tools.text, verdict, len(tools.text))
+        if verdict[0]:
+            raise InvalidRequestError(verdict[0], param=verdict[1])
 
     async def _verdict(self, requested: Requested) -> str:
         """ "" when accepted, else why not."""
@@ -280,6 +310,8 @@ def schema_problem(schema: dict[str, Any]) -> str:
     import jsonschema
     from jsonschema.exceptions import SchemaError
 
+    if not isinstance(schema.get("$schema", ""), str):
+        return "The schema's `$schema` must be a string: the URI of a JSON Schema draft."
     validator: Any = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     try:
         validator.check_schema(schema)

@@ -57,14 +57,16 @@ def function_call_item(item_id: str, call: dict[str, Any], status: str = "comple
 
 def output_items(message: dict[str, Any], incomplete: bool) -> list[Item]:
     """A chat message as output items: its text as a message item (when it has text or no
-    tool calls), then one function call item per tool call."""
-    status = "incomplete" if incomplete else "completed"
+    tool calls), then one function call item per tool call. When the output was cut short the
+    last item, the one being written, is `incomplete` (as its stream's events say)."""
     content = message.get("content")
     calls = message.get("tool_calls") or []
     items: list[Item] = []
     if content or not calls:
-        items.append(message_item(new_item_id("msg"), content or "", status))
+        items.append(message_item(new_item_id("msg"), content or "", "completed"))
     items += [function_call_item(new_item_id("fc"), call) for call in calls]
+    if incomplete:
+        items[-1]["status"] = "incomplete"
     return items
 
 
@@ -104,18 +106,31 @@ class ResponseEnvelope:
 _ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
+_ITEM_FIELDS = {
+    "message": ("role",),
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
+"""What is kept of each input item beside its type and content: the fields the conversation
+needs, all of them checked text (anything else a client sends is dropped, never stored)."""
+
+
 def identified(items: list[Item]) -> list[Item]:
-    """Input items as they are stored and listed: each with an id, a message's content as
-    text parts (`input_text`, or `output_text` for the assistant's)."""
+    """Input items as they are stored and listed: each with a new id, a message's content as
+    text parts (`input_text`, or `output_text` for the assistant's), only known fields."""
     out = []
     for item in items:
         kind = item.get("type", "message")
-        stored = {"id": new_item_id(_ITEM_PREFIXES.get(kind, "item")), **item, "type": kind}
+        stored: Item = {"id": new_item_id(_ITEM_PREFIXES.get(kind, "item")), "type": kind}
+        stored.update((k, item[k]) for k in _ITEM_FIELDS.get(kind, ()) if k in item)
         if kind == "message":
-            stored.setdefault("status", "completed")
-            if isinstance(item["content"], str):
+            stored["status"] = "completed"
+            content = item["content"]
+            if isinstance(content, str):
                 part = "output_text" if item["role"] == "assistant" else "input_text"
-                stored["content"] = [{"type": part, "text": item["content"]}]
+                stored["content"] = [{"type": part, "text": content}]
+            else:
+                stored["content"] = [{"type": c["type"], "text": c["text"]} for c in content]
         out.append(stored)
     return out
 

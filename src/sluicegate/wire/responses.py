@@ -268,7 +268,8 @@ def check_item(item: Any, index: int) -> Item:
 
 def _item_texts(item: Item) -> list[str]:
     texts: list[str] = []
-    for value in (item.get("content"), item.get("output"), item.get("arguments")):
+    fields = ("content", "output", "arguments", "name", "call_id")
+    for value in (item.get(field) for field in fields):
         if isinstance(value, str):
             texts.append(value)
         elif isinstance(value, list):

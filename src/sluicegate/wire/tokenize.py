@@ -7,7 +7,7 @@ for messages (the template adds them).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,6 +30,16 @@ class TokenizeRequest(RequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    # vLLM's chat tokenize also renders `tools`; counting without them would be wrong, so
+    # they are refused rather than ignored.
+    tools: list[Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[Any] | None) -> None:
+        if value:
+            raise ValueError("tools are not supported by /tokenize on this server")
+        return None
 
     @field_validator("messages")
     @classmethod

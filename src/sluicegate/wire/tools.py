@@ -86,6 +86,16 @@ class ToolSetup:
     parallel: bool = True
     legacy: bool = False
     """Asked with `functions`: answered with OpenAI's legacy `function_call` (one call)."""
+    text: str = ""
+    """The tools as JSON: what names them (their schemas' check is remembered by it)."""
+    params: tuple[str, ...] = ()
+    """Where each tool's `parameters` is in the request (`tools.0.function.parameters`)."""
+
+    def check_schemas(self) -> None:
+        """Each tool's `parameters` must be a JSON schema of an object (400 naming it).
+        Work proportional to the schemas: run it off the event loop."""
+        for tool, param in zip(self.tools, self.params, strict=True):
+            check_parameters(tool["function"].get("parameters"), param)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -201,6 +211,7 @@ def resolve_tools(
             param=tools_param,
         ) from None
     seen: set[str] = set()
+    params = []
     for i, tool in enumerate(tools):
         name = tool.function.name
         where = f"{tools_param}.{i}" + (".function" if tools_param == "tools" else "")
@@ -209,7 +220,8 @@ def resolve_tools(
                 f"Function names must be unique; `{name}` is given twice.", param=f"{where}.name"
             )
         seen.add(name)
-        check_parameters(tool.function.parameters, f"{where}.parameters")
+        params.append(f"{where}.parameters")
+    parallel, where_params = parallel_tool_calls is not False, tuple(params)
     if isinstance(tool_choice, NamedToolChoice):
         name = tool_choice.function.name
         if name not in seen:
@@ -218,9 +230,9 @@ def resolve_tools(
                 f"'{tools_param}'.",
                 param=choice_param,
             )
-        return ToolSetup(plain, "named", name, parallel_tool_calls is not False, legacy)
+        return ToolSetup(plain, "named", name, parallel, legacy, text, where_params)
     mode: ToolMode = tool_choice or "auto"
-    return ToolSetup(plain, mode, None, parallel_tool_calls is not False, legacy)
+    return ToolSetup(plain, mode, None, parallel, legacy, text, where_params)
 
 
 def check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
@@ -230,6 +242,11 @@ def check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
     from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
+    if not isinstance(parameters.get("$schema", ""), str):
+        raise InvalidRequestError(
+            "Function parameters' `$schema` must be a string: the URI of a JSON Schema draft.",
+            param=param,
+        )
     kind = parameters.get("type", "object")
     if kind != "object":
         raise InvalidRequestError(

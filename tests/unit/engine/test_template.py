@@ -166,3 +166,31 @@ async def test_tools_that_leave_no_room_are_a_400_that_names_them(hf: Any) -> No
         await budget.fit_chat(messages, max_tokens=16, tools=[WEATHER] * 2)
     assert caught.value.param == "messages" and "tools" in caught.value.message
     tokenizer.close()
+
+
+def test_a_conversation_the_template_refuses_is_a_400_on_messages() -> None:
+    from transformers import AutoTokenizer
+
+    from sluicegate.errors import InvalidRequestError
+
+    folder = bundled_model_dir(Settings(_env_file=None).model_cache_dir)  # type: ignore[call-arg]
+    refusing = HFPromptTokenizer(
+        AutoTokenizer.from_pretrained(folder),
+        chat_template="{{ raise_exception('only one tool call per message') }}",
+    )
+    try:
+        with pytest.raises(InvalidRequestError) as caught:
+            refusing.render([{"role": "user", "content": "hi"}])
+        assert caught.value.param == "messages"
+        assert "only one tool call per message" in caught.value.message
+    finally:
+        refusing.close()
+
+
+def test_tool_call_arguments_weigh_as_their_length() -> None:
+    from sluicegate.engine.tokenizer import _chat_size
+
+    arguments = {"text": "x" * 100_000}
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert _chat_size([message]) > 100_000

@@ -29,8 +29,12 @@ BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "
 
 
 def setup(limits: ToolLimits | None = None, **fields: Any) -> Any:
+    """The request's tools, resolved and their schemas checked (the service checks them in a
+    worker thread)."""
     request = ChatCompletionRequest.model_validate({**BASE, **fields})
-    return request.tool_setup(limits or ToolLimits())
+    tools = request.tool_setup(limits or ToolLimits())
+    tools.check_schemas()
+    return tools
 
 
 def refused(**fields: Any) -> InvalidRequestError:
