@@ -46,8 +46,9 @@ def test_no_generated_input_gets_a_5xx_or_a_malformed_error(fake_gateway: str) -
         try:
             fuzz_operation(operation, GenerationMode.NEGATIVE, examples, seen)
         except Unsatisfiable:
-            # No invalid input exists: no body, and parameters that take any string.
-            assert operation.method.upper() == "GET"
+            # No invalid input exists: no body, and parameters that take any string
+            # (`GET /v1/models/{model}`, `DELETE /v1/responses/{response_id}`).
+            assert operation.method.upper() in ("GET", "DELETE")
     print(f"schemathesis: {len(seen)} cases, statuses {sorted(set(seen))}")
     assert len(seen) >= MIN_CASES, f"only {len(seen)} cases ran"
     assert any(code == 200 for code in seen) and any(code == 400 for code in seen)
