@@ -244,11 +244,15 @@ class AutoStream(ToolStream):
         self._stream = parser.stream(setup.tools)
         self._text: list[str] = []
         self._parsed_content: str | None = None
+        # `parallel_tool_calls: false`: the first call only (the model may write more).
+        self._most = 1_000_000 if setup.parallel else 1
 
     def feed(self, text: str) -> Rendered:
         self._text.append(text)
         parsed = self._stream.feed(text)
         for fragment in parsed.calls:
+            if fragment.index >= self._most:
+                continue
             while len(self._calls) <= fragment.index:
                 self._calls.append(_Call())
             call = self._calls[fragment.index]
@@ -264,7 +268,9 @@ class AutoStream(ToolStream):
         """Take the whole-text parse of `text` as the result (a JSON answer)."""
         found = self._parser.extract(text, self._setup.tools)
         self._content = [found.content] if found.content else []
-        self._calls = [_Call(c.name, [c.arguments], len(c.arguments), True) for c in found.calls]
+        self._calls = [
+            _Call(c.name, [c.arguments], len(c.arguments), True) for c in found.calls[: self._most]
+        ]
 
     def finish(self) -> Rendered:
         """What the whole-text parse finds that the stream has not sent: text it held back,
@@ -276,7 +282,7 @@ class AutoStream(ToolStream):
             if whole.content and whole.content.startswith(sent) and len(whole.content) > len(sent):
                 rendered.content = whole.content[len(sent) :]
                 self._content.append(rendered.content)
-        for index, parsed in enumerate(whole.calls):
+        for index, parsed in enumerate(whole.calls[: self._most]):
             while len(self._calls) <= index:
                 self._calls.append(_Call())
             call = self._calls[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -213,6 +214,17 @@ def test_auto_with_a_parser_finds_calls_in_answers_and_streams() -> None:
     assert contents == "Let me see."
     assert streamed_calls(events) == [("get_time", '{"tz": "UTC"}')]
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_keeps_the_first_call_only_without_parallel_tool_calls() -> None:
+    text = ["CALL get_time {}", '\nCALL get_weather {"city": "Paris"}']
+    names = [c["function"]["name"] for c in answer(AUTO, text)["message"]["tool_calls"]]
+    assert names == ["get_time", "get_weather"]
+    single = dataclasses.replace(AUTO, parallel=False)
+    calls = answer(single, text)["message"]["tool_calls"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_time", "{}")
+    ]
 
 
 def test_auto_text_stays_text() -> None:
