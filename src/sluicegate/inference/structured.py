@@ -26,6 +26,7 @@ from typing import Any, Literal
 from sluicegate.engine.protocol import StructuredOutput
 from sluicegate.errors import InvalidRequestError
 from sluicegate.lru import BoundedLRU
+from sluicegate.wire.json_schema import schema_problem
 from sluicegate.wire.requests import SamplingRequest
 from sluicegate.wire.tools import ToolSetup
 
@@ -303,20 +304,3 @@ class ConstraintCheck:
         except InvalidRequestError as exc:
             return exc.message
         return ""
-
-
-def schema_problem(schema: dict[str, Any]) -> str:
-    """Why `schema` is not a JSON Schema (by its declared draft, else 2020-12), or ""."""
-    import jsonschema
-    from jsonschema.exceptions import SchemaError
-
-    if not isinstance(schema.get("$schema", ""), str):
-        return "The schema's `$schema` must be a string: the URI of a JSON Schema draft."
-    validator: Any = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-    try:
-        validator.check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        at = f" at {where}" if where else ""
-        return f"The schema is not a valid JSON Schema{at}: {str(exc.message)[:300]}"
-    return ""

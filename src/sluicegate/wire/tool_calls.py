@@ -245,13 +245,13 @@ class AutoStream(ToolStream):
         self._text: list[str] = []
         self._parsed_content: str | None = None
         # `parallel_tool_calls: false`: the first call only (the model may write more).
-        self._most = 1_000_000 if setup.parallel else 1
+        self._most = None if setup.parallel else 1
 
     def feed(self, text: str) -> Rendered:
         self._text.append(text)
         parsed = self._stream.feed(text)
         for fragment in parsed.calls:
-            if fragment.index >= self._most:
+            if self._most is not None and fragment.index >= self._most:
                 continue
             while len(self._calls) <= fragment.index:
                 self._calls.append(_Call())

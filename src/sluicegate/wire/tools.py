@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from sluicegate.errors import InvalidRequestError
+from sluicegate.wire.json_schema import schema_problem
 
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 """OpenAI's rule for function names."""
@@ -239,14 +240,6 @@ def check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
     """A function's `parameters` must be a JSON schema describing an object."""
     if parameters is None:
         return
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
-
-    if not isinstance(parameters.get("$schema", ""), str):
-        raise InvalidRequestError(
-            "Function parameters' `$schema` must be a string: the URI of a JSON Schema draft.",
-            param=param,
-        )
     kind = parameters.get("type", "object")
     if kind != "object":
         raise InvalidRequestError(
@@ -254,11 +247,5 @@ def check_parameters(parameters: dict[str, Any] | None, param: str) -> None:
             f"not of type {json.dumps(kind)}.",
             param=param,
         )
-    try:
-        validator_for(parameters).check_schema(parameters)
-    except RecursionError:
-        raise InvalidRequestError("Function parameters nest too deeply.", param=param) from None
-    except SchemaError as exc:
-        raise InvalidRequestError(
-            f"Function parameters are not a valid JSON schema: {exc.message}.", param=param
-        ) from None
+    if problem := schema_problem(parameters):
+        raise InvalidRequestError(f"Function parameters: {problem}", param=param)

@@ -19,8 +19,8 @@ from sluicegate.inference.structured import (
     Requested,
     StructuredLimits,
     requested_constraint,
-    schema_problem,
 )
+from sluicegate.wire.json_schema import schema_problem
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
 
