@@ -222,7 +222,8 @@ def test_a_client_disconnect_closes_the_upstream_request(
     upstreams: list[FaultUpstream], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url])
+    # With HTTP/2 on: offered over TLS only, so plain http here stays HTTP/1.1.
+    gateway = _gateway(gateway_dir, [upstream.url], upstream_http2="true")
     try:
         upstream.control(slow=0.2)
         body = {**CHAT, "stream": True, "max_tokens": 32}

@@ -7,6 +7,7 @@ the token budget, the cache and the rate limits work as over the in-process engi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from tests.integration.server import GatewayProcess, free_port, start_gateway
 MODEL = "SmolLM2-135M-Instruct"
 TEMPLATE = Path(sluicegate.engine.__file__).parent / "templates" / "smollm2_tools.jinja"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
+# The first test's setup starts vLLM's server, which takes minutes on a busy CPU.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +151,7 @@ def test_completions_streamed_and_not(client: OpenAI) -> None:
     assert text == answer.choices[0].text
 
 
-def test_a_named_tool_call_passes_through(client: OpenAI, vllm_server: str) -> None:
+def test_required_tool_calls_pass_through(client: OpenAI, vllm_server: str) -> None:
     """The gateway's calls, whole and streamed, are the ones vLLM's server makes itself."""
     tool = {
         "type": "function",
@@ -163,10 +166,11 @@ def test_a_named_tool_call_passes_through(client: OpenAI, vllm_server: str) -> N
     }
     ask = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
         "tools": [tool],
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-        "max_tokens": 24,
+        # vLLM's server constrains `required` calls; its named calls here are free text.
+        "tool_choice": "required",
+        "max_tokens": 120,
         "temperature": 0,
     }
     direct = OpenAI(base_url=vllm_server, api_key="unused", max_retries=0)
@@ -175,9 +179,10 @@ def test_a_named_tool_call_passes_through(client: OpenAI, vllm_server: str) -> N
     assert expected.message.tool_calls and answer.message.tool_calls
     call, wanted = answer.message.tool_calls[0], expected.message.tool_calls[0]
     assert call.function.name == wanted.function.name == "get_weather"
-    assert call.function.arguments == wanted.function.arguments
+    # vLLM re-serializes whole answers' arguments, and streams them as the model wrote them.
+    assert json.loads(call.function.arguments) == json.loads(wanted.function.arguments)
     assert call.id != wanted.id and call.id.startswith("call_")
-    assert answer.finish_reason == expected.finish_reason
+    assert answer.finish_reason == expected.finish_reason == "tool_calls"
     names, arguments = [], []
     for chunk in client.chat.completions.create(**ask, stream=True, seed=1):  # type: ignore[call-overload]
         for delta in (chunk.choices[0].delta.tool_calls or ()) if chunk.choices else ():
@@ -186,7 +191,7 @@ def test_a_named_tool_call_passes_through(client: OpenAI, vllm_server: str) -> N
             if delta.function and delta.function.arguments:
                 arguments.append(delta.function.arguments)
     assert names == ["get_weather"]
-    assert "".join(arguments) == wanted.function.arguments
+    assert "".join(arguments) == call.function.arguments
 
 
 def test_a_context_overflow_is_fitted_by_the_budget(

@@ -155,7 +155,8 @@ class UpstreamEngine:
         path, body = request_body(self.model, prompt, options, options.max_tokens_given)
         if priority:
             body["priority"] = priority
-        headers = {"X-Request-Id": request_id}
+        # No X-Request-Id: llama.cpp's server refuses one that is not a UUID (400, no body).
+        headers: dict[str, str] = {}
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
