@@ -8,19 +8,16 @@ template and vocabulary are the GGUF's), so the budget, the usage and the cache 
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from sluicegate.engine.model import GGUF_FILE, bundled_model_dir, gguf_folder
 from sluicegate.settings import Settings
 from tests.integration.conftest import chat_prompt_tokens
-from tests.integration.server import GatewayProcess, free_port, start_gateway
+from tests.integration.server import GatewayProcess, free_port, peer_process, start_gateway
 
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -28,36 +25,17 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def llamacpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    gguf = gguf_folder() / GGUF_FILE
     port = free_port()
+    command = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_folder() / GGUF_FILE),
+        "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
+        "--n_ctx", "2048", "--interrupt_requests", "False",
+        "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
+    ]  # fmt: skip
     log = tmp_path_factory.mktemp("llamacpp") / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                "--n_ctx", "2048", "--interrupt_requests", "False",
-                "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
-            ],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama.cpp's server exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama.cpp's server did not start")
-            time.sleep(0.3)
+    # No /health: its model list answers once the model is loaded.
+    with peer_process(command, f"http://127.0.0.1:{port}/v1/models", log, timeout=120):
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 @pytest.fixture(scope="module")

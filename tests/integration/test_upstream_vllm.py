@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from openai import OpenAI
 import sluicegate.engine
 from sluicegate.engine.model import bundled_model_dir
 from sluicegate.settings import Settings
-from tests.integration.server import GatewayProcess, free_port, start_gateway
+from tests.integration.server import GatewayProcess, free_port, peer_process, start_gateway
 
 MODEL = "SmolLM2-135M-Instruct"
 TEMPLATE = Path(sluicegate.engine.__file__).parent / "templates" / "smollm2_tools.jinja"
@@ -34,44 +32,21 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env["VLLM_CPU_KVCACHE_SPACE"] = "2"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(bundled_model_dir(Settings().model_cache_dir)),
-                "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-                "--disable-uvicorn-access-log",
-                # The bundled model's tool template and parser, as the gateway ships them.
-                "--chat-template", str(TEMPLATE),
-                "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            ],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("vLLM's server did not start")
-            time.sleep(0.5)
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(bundled_model_dir(Settings().model_cache_dir)),
+        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+        "--disable-uvicorn-access-log",
+        # The bundled model's tool template and parser, as the gateway ships them.
+        "--chat-template", str(TEMPLATE),
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with peer_process(command, f"http://127.0.0.1:{port}/health", log, env):
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @pytest.fixture(scope="module")
