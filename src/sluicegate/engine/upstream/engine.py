@@ -284,14 +284,20 @@ class UpstreamEngine:
     async def _events(
         self, reader: StreamReader, response: httpx.Response
     ) -> AsyncGenerator[EngineStep, None]:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            step = reader.feed(line[5:].strip())
+        """One step per read from the connection, holding every event it brought: an
+        upstream faster than the gateway costs one pass down the pipeline per read, not one
+        per event. Read to the body's end, past `[DONE]`: a response closed before its last
+        chunk closes its connection too, and the next request would pay for a new one."""
+        partial = ""
+        async for text in response.aiter_text():
+            lines = (partial + text).split("\n")
+            partial = lines.pop()
+            step = reader.feed_lines(lines)
             if step is not None:
                 yield step
-            if reader.done:
-                return
+        step = reader.feed_lines([partial])
+        if step is not None:
+            yield step
 
     async def _end(self, exchange: _Exchange) -> None:
         upstream = exchange.upstream

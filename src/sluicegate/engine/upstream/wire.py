@@ -167,6 +167,25 @@ class StreamReader:
     usage: Usage | None = None
     done: bool = False
 
+    def feed_lines(self, lines: list[str]) -> EngineStep | None:
+        """Lines of the event stream as they came in one read: one step for all they add
+        (each choice's text joined), if anything."""
+        merged: dict[int, ChoiceDelta] = {}
+        for line in lines:
+            if self.done or not line.startswith("data:"):
+                continue
+            step = self.feed(line[5:].strip())
+            for delta in step.choices if step is not None else ():
+                found = merged.get(delta.index)
+                if found is None:
+                    merged[delta.index] = delta
+                    continue
+                found.text += delta.text
+                found.num_tokens += delta.num_tokens
+                if delta.logprobs:
+                    found.logprobs = (found.logprobs or []) + delta.logprobs
+        return EngineStep(choices=list(merged.values())) if merged else None
+
     def feed(self, data: str) -> EngineStep | None:
         """One event's data; a step for what it adds, if anything."""
         if data == "[DONE]":

@@ -115,3 +115,20 @@ def test_records_split_anywhere_still_parse_and_content_keeps_its_separators() -
         content = (first.content or "") + (second.content or "")
         assert content == "a\x1eb"
         assert [c.name for c in first.calls + second.calls] == ["f"]
+
+
+def test_events_of_one_read_become_one_step_per_choice() -> None:
+    reader = StreamReader(choices=1)
+    lines = [
+        "data: " + _chunk("a"),
+        "",
+        "data: " + _chunk("b"),
+        ": comment",
+        "data: " + _chunk("c"),
+    ]
+    step = reader.feed_lines(lines)
+    assert step is not None
+    (delta,) = step.choices
+    assert (delta.text, delta.num_tokens) == ("abc", 3)
+    assert reader.feed_lines(["data: [DONE]", "data: " + _chunk("late")]) is None
+    assert reader.done
