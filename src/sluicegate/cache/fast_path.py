@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from sluicegate.inference.run import Run
@@ -38,11 +39,17 @@ class HitShape:
     include_usage: bool
     prompt_tokens: int
     headers: tuple[tuple[str, str], ...] = ()
+    body_key: Hashable | None = None
+    """What the body rendered for it depends on besides the entry, when that body can be
+    kept and reused (`wire.body_template`); None: rendered for each hit."""
 
     @classmethod
     def of(cls, key: str, run: Run, stream: bool) -> HitShape:
         budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
-        return cls(key, run.format, stream, run.include_usage, run.prompt_tokens, budget)
+        fmt = run.format
+        # The model is the process's; the rest of such a format is these.
+        body_key = (type(fmt), stream, run.include_usage) if fmt.renders_alike() else None
+        return cls(key, fmt, stream, run.include_usage, run.prompt_tokens, budget, body_key)
 
 
 class FastPath:

@@ -1,0 +1,96 @@
+"""A cached answer rendered once, then sent again and again with a fresh id and time.
+
+Every hit on an entry renders the same completion the same way, but for the response's `id`
+and `created`. `BodyTemplate.of` renders the answer once (JSON body or the whole event
+stream) and cuts it where that response's id and creation time appear; `fill` puts in new
+ones, so a hit on a hot entry costs a join instead of building and encoding the body again.
+Only formats whose renderings differ in nothing else (`ResponseFormat.renders_alike`) are
+kept this way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sluicegate.wire.completion import Completion
+from sluicegate.wire.events import RenderedAnswer, render_cached
+from sluicegate.wire.formats import ResponseFormat
+
+_BYTES_OVERHEAD = 33
+"""What a bytes object costs beyond its contents (`sys.getsizeof(b"")`)."""
+_TEMPLATE_OVERHEAD = 512
+"""The template object, its tuples and headers."""
+
+
+@runtime_checkable
+class _Identified(Protocol):
+    id: str
+    created: int
+
+
+@dataclass(frozen=True, slots=True)
+class BodyTemplate:
+    layout: tuple[bytes, ...]
+    """The body's pieces, with an empty slot wherever an id or a creation time goes."""
+    id_slots: tuple[int, ...]
+    created_slots: tuple[int, ...]
+    headers: tuple[tuple[str, str], ...]
+    """Content type (and the event stream's headers); a JSON body's length is added."""
+    size: int
+    """Bytes of memory it holds, about."""
+
+    @classmethod
+    def of(
+        cls, fmt: ResponseFormat, completion: Completion, stream: bool, include_usage: bool
+    ) -> tuple[RenderedAnswer, BodyTemplate | None]:
+        """The answer for one hit, rendered as usual, and the template it makes, if its
+        format's renderings differ only in id and creation time."""
+        fmt = fmt.renewed()
+        answer = render_cached(fmt, completion, stream, include_usage)
+        if not fmt.renders_alike() or not isinstance(fmt, _Identified):
+            return answer, None
+        return answer, cls._cut(answer, fmt.id.partition("-")[2], fmt.created)
+
+    @classmethod
+    def _cut(cls, answer: RenderedAnswer, unique: str, created: int) -> BodyTemplate | None:
+        marker = b'"created":'
+        stamp = marker + str(created).encode()
+        layout: list[bytes] = []
+        id_slots: list[int] = []
+        created_slots: list[int] = []
+        for n, part in enumerate(answer.body.split(unique.encode())):
+            if n:
+                id_slots.append(len(layout))
+                layout.append(b"")
+            for m, piece in enumerate(part.split(stamp)):
+                if m:
+                    layout.append(marker)
+                    created_slots.append(len(layout))
+                    layout.append(b"")
+                layout.append(piece)
+        # Quotes inside strings are escaped, so `"id":"` and `"created":` only ever match the
+        # envelopes' fields: one id and one creation time per envelope, or no template.
+        envelopes = answer.body.count(b'"id":"')
+        if not envelopes or not len(id_slots) == len(created_slots) == envelopes:
+            return None
+        headers = tuple((k, v) for k, v in answer.headers.items() if k != "content-length")
+        size = _TEMPLATE_OVERHEAD + sum(len(p) + _BYTES_OVERHEAD for p in layout)
+        return cls(tuple(layout), tuple(id_slots), tuple(created_slots), headers, size)
+
+    def fill(self) -> RenderedAnswer:
+        """The answer for one more hit: the body with a new id and the current time."""
+        body = list(self.layout)
+        unique = os.urandom(16).hex().encode()  # as random as the uuid4 of `renewed`
+        created = str(int(time.time())).encode()
+        for slot in self.id_slots:
+            body[slot] = unique
+        for slot in self.created_slots:
+            body[slot] = created
+        data = b"".join(body)
+        headers = dict(self.headers)
+        if "text/event-stream" not in headers["content-type"]:
+            headers["content-length"] = str(len(data))
+        return RenderedAnswer(data, headers)
