@@ -38,14 +38,18 @@ class HitShape:
     stream: bool
     include_usage: bool
     prompt_tokens: int
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    """The budget headers of the original, encoded."""
     body_key: Hashable | None = None
     """What the body rendered for it depends on besides the entry, when that body can be
     kept and reused (`wire.body_template`); None: rendered for each hit."""
 
     @classmethod
     def of(cls, key: str, run: Run, stream: bool) -> HitShape:
-        budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
+        budget = tuple(
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in (run.budget.headers() if run.budget is not None else {}).items()
+        )
         fmt = run.format
         # The model is the process's; the rest of such a format is these.
         body_key = (type(fmt), stream, run.include_usage) if fmt.renders_alike() else None

@@ -47,9 +47,9 @@ from sluicegate.observability.metrics import (
 )
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.observability.tracing import span
-from sluicegate.wire.body_template import BodyTemplate
+from sluicegate.wire.body_template import BodyTemplate, encoded
 from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import RenderedAnswer, render_cached
+from sluicegate.wire.events import render_cached
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +151,14 @@ class ResponseCache:
             self.near.connect()
         CACHE_TTL_SECONDS.set(ttl.effective())
 
-    def answer(self, entry: NearEntry, shape: HitShape) -> RenderedAnswer:
-        """A hit's response for the fast path: the body rendered from `entry` before for
-        requests of this shape, with a new id and time, or rendered now (and kept)."""
+    def answer(self, entry: NearEntry, shape: HitShape) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """A hit's body and headers (encoded) for the fast path: the body rendered from
+        `entry` before for requests of this shape, with a new id and time, or rendered now
+        (and kept)."""
         if shape.body_key is None:
             fmt = shape.format.renewed()
-            return render_cached(fmt, entry.completion, shape.stream, shape.include_usage)
+            answer = render_cached(fmt, entry.completion, shape.stream, shape.include_usage)
+            return answer.body, encoded(answer.headers)
         body = entry.bodies.get(shape.body_key)
         if body is not None:
             return body.fill()
@@ -165,7 +167,7 @@ class ResponseCache:
         )
         if body is not None:
             self.near.add_body(shape.key, entry, shape.body_key, body)
-        return answer
+        return answer.body, encoded(answer.headers)
 
     @property
     def model_name(self) -> str:

@@ -144,7 +144,6 @@ class RedisStore:
             raise StoreError(f"GET returned {type(value).__name__}")
         return value, max(left, 0)  # -1: no expiry (not written by us)
 
-
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
         await self._run(self._client.set(key, value, px=ttl_ms))
 

@@ -26,6 +26,7 @@ from sluicegate.http.state import app_state
 from sluicegate.observability.record import current_request
 from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
+from sluicegate.wire.body_template import encoded
 
 _FINGERPRINT = "cache_fingerprint"
 
@@ -87,10 +88,12 @@ async def _answer(
     except GatewayError as exc:
         await send_error(send, exc)
         return
-    answer = cache.answer(entry, shape)
-    headers = {**answer.headers, **quota_headers, **dict(shape.headers), **hit.headers()}
+    body, headers = cache.answer(entry, shape)
+    # No name repeats between these: body, rate limits, budget, cache.
+    headers += encoded(quota_headers)
+    headers += shape.headers
+    headers += ((b"x-cache", b"HIT"), (b"age", str(hit.age).encode()))
     if (record := current_request()) is not None:
         record.add_usage(completion.prompt_tokens, completion.completion_tokens)
-    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": 200, "headers": raw})
-    await send({"type": "http.response.body", "body": answer.body})
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -37,8 +37,11 @@ class BodyTemplate:
     """The body's pieces, with an empty slot wherever an id or a creation time goes."""
     id_slots: tuple[int, ...]
     created_slots: tuple[int, ...]
-    headers: tuple[tuple[str, str], ...]
-    """Content type (and the event stream's headers); a JSON body's length is added."""
+    headers: tuple[tuple[bytes, bytes], ...]
+    """Content type (and the event stream's headers), encoded; a JSON body's length is
+    added."""
+    sized: bool
+    """Whether the length goes in a header (JSON, not an event stream)."""
     size: int
     """Bytes of memory it holds, about."""
 
@@ -76,12 +79,19 @@ class BodyTemplate:
         envelopes = answer.body.count(b'"id":"')
         if not envelopes or not len(id_slots) == len(created_slots) == envelopes:
             return None
-        headers = tuple((k, v) for k, v in answer.headers.items() if k != "content-length")
-        size = _TEMPLATE_OVERHEAD + sum(len(p) + _BYTES_OVERHEAD for p in layout)
-        return cls(tuple(layout), tuple(id_slots), tuple(created_slots), headers, size)
+        headers = encoded({k: v for k, v in answer.headers.items() if k != "content-length"})
+        return cls(
+            layout=tuple(layout),
+            id_slots=tuple(id_slots),
+            created_slots=tuple(created_slots),
+            headers=tuple(headers),
+            sized="content-length" in answer.headers,
+            size=_TEMPLATE_OVERHEAD + sum(len(p) + _BYTES_OVERHEAD for p in layout),
+        )
 
-    def fill(self) -> RenderedAnswer:
-        """The answer for one more hit: the body with a new id and the current time."""
+    def fill(self) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The answer for one more hit: the body with a new id and the current time, and
+        its headers, encoded."""
         body = list(self.layout)
         unique = os.urandom(16).hex().encode()  # as random as the uuid4 of `renewed`
         created = str(int(time.time())).encode()
@@ -90,7 +100,12 @@ class BodyTemplate:
         for slot in self.created_slots:
             body[slot] = created
         data = b"".join(body)
-        headers = dict(self.headers)
-        if "text/event-stream" not in headers["content-type"]:
-            headers["content-length"] = str(len(data))
-        return RenderedAnswer(data, headers)
+        headers = list(self.headers)
+        if self.sized:
+            headers.append((b"content-length", str(len(data)).encode()))
+        return data, headers
+
+
+def encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Headers as ASGI sends them."""
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

@@ -23,7 +23,7 @@ from sluicegate.cache.ttl import TtlPolicy, TtlRule
 from sluicegate.observability.metrics import CACHE_NEAR_REQUESTS
 from sluicegate.wiring import redis_client
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
-from tests.integration.redis_server import RedisProcess
+from tests.integration.redis_server import RedisProcess, running_redis
 from tests.unit.cache.test_near import answer
 
 MAX_LAG = 0.3
@@ -45,10 +45,8 @@ def near_hits() -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    process = RedisProcess(tmp_path_factory.mktemp("redis"))
-    process.start()
-    yield process
-    process.kill()
+    with running_redis(tmp_path_factory.mktemp("redis")) as process:
+        yield process
 
 
 @pytest.fixture
