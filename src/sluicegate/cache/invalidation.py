@@ -108,8 +108,6 @@ class InvalidationListener:
         next_ping = self._clock()
         while True:
             now = self._clock()
-            if pings and now - pings[0] > self._dead_after:
-                raise TimeoutError(f"no answer from redis in {self._dead_after:.1f} s")
             if now >= next_ping:
                 pings.append(now)
                 await connection.send_command("PING")
@@ -117,6 +115,8 @@ class InvalidationListener:
             message = await connection.read_response(timeout=max(next_ping - now, 0.001))
             if message is not None:
                 self._apply(message, pings)
+            elif pings and self._clock() - pings[0] > self._dead_after:
+                raise TimeoutError(f"no answer from redis in {self._dead_after:.1f} s")
 
     def _apply(self, message: Any, pings: collections.deque[float]) -> None:
         kind = message[0]
