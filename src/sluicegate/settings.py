@@ -358,6 +358,20 @@ class Settings(BaseSettings):
         ge=0,
         description="After a Redis failure, seconds the cache is skipped before trying again.",
     )
+    cache_near_max_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=0,
+        description="Bytes of decoded entries (and their rendered bodies) each process keeps "
+        "in front of the cache store, for hot keys; 0 turns this near cache off. With Redis, "
+        "Redis reports every change to a cache key to each process, which drops its copy.",
+    )
+    cache_near_max_lag: float = Field(
+        default=1.0,
+        gt=0,
+        description="With Redis: seconds the near cache goes on serving after Redis last "
+        "proved that it reports every change (a heartbeat answered): the longest a change can "
+        "go unseen when the connection to Redis fails silently.",
+    )
 
     # --- responses API store --------------------------------------------------------
     responses_ttl_seconds: int = Field(

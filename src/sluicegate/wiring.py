@@ -15,7 +15,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from sluicegate.cache.response_cache import CacheConfig, ResponseCache
+from sluicegate.cache.invalidation import InvalidationListener
+from sluicegate.cache.near import NearCache
+from sluicegate.cache.response_cache import CacheConfig, Coherence, ResponseCache
 from sluicegate.cache.store import CacheStore, MemoryStore, RedisStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
 from sluicegate.conversation.store import (
@@ -335,12 +337,8 @@ async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> No
 async def open_cache(
     settings: Settings, client: redis.asyncio.Redis | None, engine: EngineClient
 ) -> ResponseCache:
-    """The response cache on Redis when there is one (shared by replicas), else in memory."""
-    store: CacheStore = (
-        MemoryStore(settings.cache_memory_max_bytes)
-        if client is None
-        else RedisStore(client, op_timeout=settings.cache_redis_timeout)
-    )
+    """The response cache on Redis when there is one (shared by replicas), else in memory;
+    with a near cache in front, kept true to Redis by Redis's reports of changes."""
     name, root = served_model(settings, engine)
     if isinstance(engine, UpstreamEngine):
         # The upstreams' own model id: replicas in front of the same fleet share entries.
@@ -349,9 +347,26 @@ async def open_cache(
         identity = await asyncio.to_thread(
             model_identity, settings.model, settings.model_cache_dir, settings.revision
         )
-    return ResponseCache(
-        store, TtlPolicy(ttl_rule(settings)), cache_config(settings), name, identity
+    store: CacheStore = (
+        MemoryStore(settings.cache_memory_max_bytes)
+        if client is None
+        else RedisStore(client, op_timeout=settings.cache_redis_timeout)
     )
+    near = NearCache(settings.cache_near_max_bytes, settings.cache_max_entry_bytes)
+    coherence: Coherence | None = None
+    if client is not None and near.max_bytes:
+        listener = InvalidationListener(
+            client,
+            near,
+            prefix=f"{settings.redis_key_prefix}:cache:",
+            max_lag=settings.cache_near_max_lag,
+            retry_interval=settings.cache_retry_interval,
+        )
+        listener.start()
+        coherence = listener
+    config = cache_config(settings)
+    ttl = TtlPolicy(ttl_rule(settings))
+    return ResponseCache(store, ttl, config, name, identity, near, coherence)
 
 
 def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseStore:

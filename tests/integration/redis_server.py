@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,3 +65,14 @@ class RedisProcess:
         threading.Thread(
             target=client.execute_command, args=("DEBUG", "SLEEP", str(seconds)), daemon=True
         ).start()
+
+
+@contextlib.contextmanager
+def running_redis(folder: Path) -> Iterator[RedisProcess]:
+    """A Redis server of its own, killed when the block ends."""
+    server = RedisProcess(folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.integration.redis_server import RedisProcess
+from tests.integration.redis_server import RedisProcess, running_redis
 from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
 
 BUSY_KEY = "sk-busy-7c1e"  # limits far above what the test sends
@@ -41,10 +41,8 @@ def key_id(key: str) -> str:
 
 @pytest.fixture(scope="module")
 def test_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.kill()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 def gateway_env(redis_url: str) -> dict[str, str]:

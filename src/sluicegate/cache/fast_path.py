@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from sluicegate.inference.run import Run
@@ -37,12 +38,22 @@ class HitShape:
     stream: bool
     include_usage: bool
     prompt_tokens: int
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    """The budget headers of the original, encoded."""
+    body_key: Hashable | None = None
+    """What the body rendered for it depends on besides the entry, when that body can be
+    kept and reused (`wire.body_template`); None: rendered for each hit."""
 
     @classmethod
     def of(cls, key: str, run: Run, stream: bool) -> HitShape:
-        budget = tuple(run.budget.headers().items()) if run.budget is not None else ()
-        return cls(key, run.format, stream, run.include_usage, run.prompt_tokens, budget)
+        budget = tuple(
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in (run.budget.headers() if run.budget is not None else {}).items()
+        )
+        fmt = run.format
+        # The model is the process's; the rest of such a format is these.
+        body_key = (type(fmt), stream, run.include_usage) if fmt.renders_alike() else None
+        return cls(key, fmt, stream, run.include_usage, run.prompt_tokens, budget, body_key)
 
 
 class FastPath:

@@ -11,6 +11,9 @@ flight and read its live output. Across processes (replicas sharing Redis), the 
 a lock, refreshed while its run lives; other processes poll for the entry while the lock
 stands (bounded by their own request's time), then generate themselves if none came.
 
+Entries read from the store are kept decoded in a near cache (`cache.near`), so that the
+next hits on them cost no round trip, no decoding, and (on the hit path) no rendering.
+
 The store failing never fails a request: the error is counted and logged (throttled), the
 store is left alone for `retry_interval`, and requests are served by the engine meanwhile.
 """
@@ -19,20 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from sluicegate.cache.entry import CorruptEntryError, decode_entry, encode_entry
 from sluicegate.cache.fast_path import FastPath, HitShape
 from sluicegate.cache.flight import Flight
 from sluicegate.cache.key import CachePolicy, cache_key, is_cacheable, lock_key
+from sluicegate.cache.near import NearCache, NearEntry
 from sluicegate.cache.store import CacheStore, StoreError
 from sluicegate.cache.ttl import TtlPolicy
 from sluicegate.inference.run import Run
-from sluicegate.lru import BoundedLRU
 from sluicegate.observability.metrics import (
     CACHE_BYTES_WRITTEN,
     CACHE_LOOKUP_SECONDS,
@@ -43,7 +47,9 @@ from sluicegate.observability.metrics import (
 )
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.observability.tracing import span
+from sluicegate.wire.body_template import BodyTemplate, encoded
 from sluicegate.wire.completion import Completion
+from sluicegate.wire.events import render_cached
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +62,15 @@ async def _wait_forever(work: Coroutine[Any, Any, T]) -> T:
     return await work
 
 
-# Bounds of the memo of decoded entries: at most 16 MiB of entries.
-_MAX_DECODED = 512
-_MAX_DECODED_ENTRY = 32 * 1024
+_HITS = CACHE_REQUESTS.labels(outcome="hit")
 _POLL_FIRST = 0.01
 _POLL_MAX = 0.1
+
+
+class Coherence(Protocol):
+    """What keeps the near cache true to a store that other processes write (running)."""
+
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,8 @@ class Lookup:
     leads: bool = False
     completion: Completion | None = None
     """The cached response, on a hit."""
+    entry: NearEntry | None = None
+    """The entry it came from, on a hit read from the store (or the near cache)."""
     age: int = 0
     """Seconds since the cached response was generated, on a hit."""
 
@@ -117,7 +129,11 @@ class ResponseCache:
         config: CacheConfig,
         model_name: str,
         model_identity: str,
+        near: NearCache | None = None,
+        coherence: Coherence | None = None,
     ) -> None:
+        """`near`: off when None. `coherence` keeps it true to a store other processes
+        write (`cache.invalidation`); without one the store is this process's alone."""
         self.store = store
         self.ttl = ttl
         self._config = config
@@ -128,10 +144,30 @@ class ResponseCache:
         self._warning = ThrottledWarning(logger)
         self._background: set[asyncio.Task[None]] = set()
         self.fast_path = FastPath(enabled=config.policy != "off", per_key=config.per_key)
-        self._decoded: BoundedLRU[tuple[str, bytes], tuple[Completion, float]] = BoundedLRU(
-            _MAX_DECODED
-        )
+        self.near = near if near is not None else NearCache(0, 0)
+        self._writing: dict[str, NearEntry] = {}
+        self._coherence = coherence
+        if coherence is None:
+            self.near.connect()
         CACHE_TTL_SECONDS.set(ttl.effective())
+
+    def answer(self, entry: NearEntry, shape: HitShape) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """A hit's body and headers (encoded) for the fast path: the body rendered from
+        `entry` before for requests of this shape, with a new id and time, or rendered now
+        (and kept)."""
+        if shape.body_key is None:
+            fmt = shape.format.renewed()
+            answer = render_cached(fmt, entry.completion, shape.stream, shape.include_usage)
+            return answer.body, encoded(answer.headers)
+        body = entry.bodies.get(shape.body_key)
+        if body is not None:
+            return body.fill()
+        answer, body = BodyTemplate.of(
+            shape.format, entry.completion, shape.stream, shape.include_usage
+        )
+        if body is not None:
+            self.near.add_body(shape.key, entry, shape.body_key, body)
+        return answer.body, encoded(answer.headers)
 
     @property
     def model_name(self) -> str:
@@ -150,7 +186,7 @@ class ResponseCache:
             current.set_attribute("sluicegate.cache.outcome", "HIT" if found else "MISS")
         if found is None:
             return None
-        CACHE_REQUESTS.labels(outcome="hit").inc()
+        _HITS.inc()
         return _hit(found)
 
     def key_for(self, run: Run, endpoint: str, key_id: str) -> str:
@@ -236,7 +272,7 @@ class ResponseCache:
     async def _lead(self, key: str, flight: Flight, wait: Waiter[Any]) -> Lookup:
         found = await self._read(key)
         if found is not None:
-            flight.resolve(found[0])
+            flight.resolve(found.completion)
             return _hit(found)
         if self.store.shared:
             token = secrets.token_hex(8)
@@ -245,19 +281,19 @@ class ResponseCache:
                 CACHE_STAMPEDE_FOLLOWERS.inc()
                 found = await wait(self._await_entry(key))
                 if found is not None:
-                    flight.resolve(found[0])
+                    flight.resolve(found.completion)
                     return _hit(found)
             elif taken:
                 # The leader before us may have stored its entry and let go just now.
                 found = await self._read(key, recheck=True)
                 if found is not None:
                     self.release_later(lock_key(key), token)
-                    flight.resolve(found[0])
+                    flight.resolve(found.completion)
                     return _hit(found)
                 flight.hold_lock(token)
         return Lookup("MISS", flight, leads=True)
 
-    async def _await_entry(self, key: str) -> tuple[Completion, float] | None:
+    async def _await_entry(self, key: str) -> NearEntry | None:
         """Poll for the entry another process is generating, while its lock stands (the
         leader refreshes it while its run lives; the caller's `wait` bounds the whole)."""
         interval = _POLL_FIRST
@@ -291,34 +327,35 @@ class ResponseCache:
             self._down_until = time.monotonic() + self._config.retry_interval
         self._warning.warn("cache store %s failed (%s); serving from the engine", op, exc)
 
-    async def _read(self, key: str, recheck: bool = False) -> tuple[Completion, float] | None:
+    async def _read(self, key: str, recheck: bool = False) -> NearEntry | None:
         """The entry under `key`, or None. A corrupt entry is counted once, not on `recheck`."""
+        found = self._writing.get(key) or self.near.get(key)
+        if found is not None:
+            return found
         if not self._available():
             return None
-        started = time.perf_counter()
+        token = self.near.begin_fill(key)
+        began, started = time.monotonic(), time.perf_counter()
         try:
-            data = await self.store.get(key)
+            stored = await self.store.read(key)
+            if stored is None:
+                return None
+            data, ttl_ms = stored
+            completion, created = decode_entry(key, data)
+            # Its TTL counted from before the read: it expires before the store's entry.
+            found = self.near.fill(key, token, completion, created, began + ttl_ms / 1000)
+            return found
         except StoreError as exc:
             self._failed("get", exc)
             return None
-        finally:
-            CACHE_LOOKUP_SECONDS.observe(time.perf_counter() - started)
-        if data is None:
-            return None
-        # Hits on one entry return the same bytes: decode them once. (Completions are only
-        # read once made, so sharing one between responses is safe.)
-        decoded = self._decoded.get((key, data))
-        if decoded is not None:
-            return decoded
-        try:
-            decoded = decode_entry(key, data)
-            if len(data) <= _MAX_DECODED_ENTRY:
-                self._decoded.put((key, data), decoded)
-            return decoded
         except CorruptEntryError as exc:
             if not recheck:
                 self._failed("decode", exc)
             return None
+        finally:
+            if found is None:
+                self.near.end_fill(key, token)
+            CACHE_LOOKUP_SECONDS.observe(time.perf_counter() - started)
 
     async def _acquire(self, lock: str, token: str) -> bool | None:
         """True: taken; False: someone else holds it; None: the store did not answer."""
@@ -341,10 +378,17 @@ class ResponseCache:
             return True
 
     async def write(self, key: str, completion: Completion) -> None:
-        data = encode_entry(key, completion, time.time())
+        created = time.time()
+        data = encode_entry(key, completion, created)
+        # What this process kept is stale from now on, whatever becomes of the write (other
+        # processes hear of it from Redis).
+        self.near.invalidate((key,))
         if len(data) > self._config.max_entry_bytes or not self._available():
             return
         ttl_ms = self.ttl.sample_ms()
+        # The flight's requests are answered before the write ends: this process's next
+        # reads of the key get the entry being written, not the one it replaces.
+        writing = self._writing[key] = NearEntry(completion, created, math.inf, 0)
         with span(
             "cache.store", {"sluicegate.cache.bytes": len(data), "sluicegate.cache.ttl_ms": ttl_ms}
         ):
@@ -353,6 +397,9 @@ class ResponseCache:
             except StoreError as exc:
                 self._failed("set", exc)
                 return
+            finally:
+                if self._writing.get(key) is writing:
+                    del self._writing[key]
         CACHE_BYTES_WRITTEN.inc(len(data))
 
     def release_later(self, lock: str, token: str) -> None:
@@ -369,10 +416,12 @@ class ResponseCache:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
+        if self._coherence is not None:
+            await self._coherence.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
 
-def _hit(found: tuple[Completion, float]) -> Lookup:
-    completion, created = found
-    return Lookup("HIT", completion=completion, age=max(0, int(time.time() - created)))
+def _hit(found: NearEntry) -> Lookup:
+    age = max(0, int(time.time() - found.created))
+    return Lookup("HIT", completion=found.completion, entry=found, age=age)

@@ -28,6 +28,10 @@ class CacheStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
+    async def read(self, key: str) -> tuple[bytes, int] | None:
+        """The value under `key` and the milliseconds it has left (0 if unknown)."""
+        ...
+
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None: ...
 
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
@@ -65,14 +69,19 @@ class MemoryStore:
         return len(self._entries)
 
     async def get(self, key: str) -> bytes | None:
+        found = await self.read(key)
+        return None if found is None else found[0]
+
+    async def read(self, key: str) -> tuple[bytes, int] | None:
         item = self._entries.get(key)
         if item is None:
             return None
         expires, value = item
-        if expires <= self._clock():
+        left = expires - self._clock()
+        if left <= 0:
             self._entries.pop(key)
             return None
-        return value
+        return value, int(left * 1000)
 
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
         expires = self._clock() + ttl_ms / 1000
@@ -97,6 +106,10 @@ _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# The value and the milliseconds it has left, in one round trip.
+_READ_LUA = """
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
 _REFRESH_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -114,6 +127,7 @@ class RedisStore:
         self._client = client
         self._release = client.register_script(_RELEASE_LUA)
         self._refresh = client.register_script(_REFRESH_LUA)
+        self._read = client.register_script(_READ_LUA)
         self._deadline = Deadline(op_timeout)
 
     async def get(self, key: str) -> bytes | None:
@@ -121,6 +135,14 @@ class RedisStore:
         if value is not None and not isinstance(value, bytes):
             raise StoreError(f"GET returned {type(value).__name__}")
         return value
+
+    async def read(self, key: str) -> tuple[bytes, int] | None:
+        value, left = await self._run(self._read(keys=[key]))
+        if value is None:
+            return None
+        if not isinstance(value, bytes) or not isinstance(left, int):
+            raise StoreError(f"GET returned {type(value).__name__}")
+        return value, max(left, 0)  # -1: no expiry (not written by us)
 
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
         await self._run(self._client.set(key, value, px=ttl_ms))

@@ -1,7 +1,8 @@
 """Cache hits answered before routing: pure-ASGI middleware, innermost of the gateway's.
 
 A request body whose shape `cache.fast_path` knows, and whose entry is in the store, is
-answered here from the entry, rendered by `wire.events.render_cached` as the route would.
+answered here from the entry, rendered as the route would (`wire.events.render_cached`),
+or from the body rendered for the same shape before (`ResponseCache.answer`).
 Everything before this middleware still applies (request id, telemetry, API key, body
 limits, admission); the rate limits are checked here. The body it reads is the one the body
 limits already read, handed on as one message. Anything else (an unknown body, a miss, a
@@ -16,7 +17,8 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.cache.fast_path import HitShape
-from sluicegate.cache.response_cache import CacheControl, Lookup
+from sluicegate.cache.near import NearEntry
+from sluicegate.cache.response_cache import CacheControl, Lookup, ResponseCache
 from sluicegate.errors import GatewayError
 from sluicegate.http.asgi import api_key_id, header, read_body, replaying
 from sluicegate.http.errors import send_error
@@ -24,8 +26,7 @@ from sluicegate.http.state import app_state
 from sluicegate.observability.record import current_request
 from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
-from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import render_cached
+from sluicegate.wire.body_template import encoded
 
 _FINGERPRINT = "cache_fingerprint"
 
@@ -63,22 +64,23 @@ class CacheHitMiddleware:
         fingerprint = cache.fast_path.fingerprint(scope["path"], body, key_id)
         shape = None if fingerprint is None else cache.fast_path.shape(fingerprint)
         hit = None if shape is None else await cache.fetch(shape.key)
-        if shape is None or hit is None or hit.completion is None:
+        if shape is None or hit is None or hit.entry is None:
             scope["state"][_FINGERPRINT] = fingerprint
             await self.app(scope, receive, send)
             return
-        await _answer(send, state.quotas, key_id, cache.model_name, shape, hit, hit.completion)
+        await _answer(send, state.quotas, key_id, cache, shape, hit, hit.entry)
 
 
 async def _answer(
     send: Send,
     quotas: Quotas,
     key_id: str,
-    model: str,
+    cache: ResponseCache,
     shape: HitShape,
     hit: Lookup,
-    completion: Completion,
+    entry: NearEntry,
 ) -> None:
+    completion = entry.completion
     try:
         # A cached answer's whole cost is known: charged up front, like the route's hits.
         cost = shape.prompt_tokens + completion.completion_tokens
@@ -86,10 +88,12 @@ async def _answer(
     except GatewayError as exc:
         await send_error(send, exc)
         return
-    answer = render_cached(shape.format.renewed(), completion, shape.stream, shape.include_usage)
-    headers = {**answer.headers, **quota_headers, **dict(shape.headers), **hit.headers()}
+    body, headers = cache.answer(entry, shape)
+    # No name repeats between these: body, rate limits, budget, cache.
+    headers += encoded(quota_headers)
+    headers += shape.headers
+    headers += ((b"x-cache", b"HIT"), (b"age", str(hit.age).encode()))
     if (record := current_request()) is not None:
         record.add_usage(completion.prompt_tokens, completion.completion_tokens)
-    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": 200, "headers": raw})
-    await send({"type": "http.response.body", "body": answer.body})
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -127,9 +127,20 @@ class TelemetryMiddleware:
         level = logging.DEBUG if scope["path"] in PROBE_PATHS else logging.INFO
         if access_logger.isEnabledFor(level):
             fields = _access_fields(scope, record, response, model, status, ended)
-            access_logger.log(
-                level, "%s %s", scope["method"], scope["path"], extra={"fields": fields}
+            # Made and handled directly: `Logger.log` would first walk the stack for the
+            # caller's file and line, which no access line shows, for a third of a cache
+            # hit's time on the event loop.
+            line = access_logger.makeRecord(
+                access_logger.name,
+                level,
+                __file__,
+                0,
+                "%s %s",
+                (scope["method"], scope["path"]),
+                None,
+                extra={"fields": fields},
             )
+            access_logger.handle(line)
 
 
 _MAX_MATCHED = 256

@@ -147,6 +147,27 @@ CACHE_TTL_SECONDS = Gauge(
     "sluicegate_cache_ttl_seconds",
     "Effective TTL for new cache entries (before jitter), from the observed generation latency.",
 )
+CACHE_NEAR_REQUESTS = Counter(
+    "sluicegate_cache_near_requests_total",
+    "Lookups in the near cache (decoded entries kept in this process): hit, miss (read from "
+    "the store), or off (not serving: its invalidation connection is down or silent).",
+    ["outcome"],
+)
+CACHE_NEAR_INVALIDATIONS = Counter(
+    "sluicegate_cache_near_invalidations_total",
+    "Near-cache entries dropped because their key changed in the store.",
+)
+CACHE_NEAR_FLUSHES = Counter(
+    "sluicegate_cache_near_flushes_total",
+    "Times the near cache was emptied: its invalidation connection was lost, or Redis flushed.",
+)
+CACHE_NEAR_BYTES = Gauge(
+    "sluicegate_cache_near_bytes", "Bytes held by the near cache (an upper estimate)."
+)
+CACHE_NEAR_CONNECTED = Gauge(
+    "sluicegate_cache_near_connected",
+    "1 while Redis reports changes to cache keys to this process (the near cache may serve).",
+)
 
 # ---- token budget --------------------------------------------------------------------------
 BUDGET_TRIMMED_REQUESTS = Counter(
@@ -301,6 +322,8 @@ for _outcome in ("hit", "miss", "bypass"):
     CACHE_REQUESTS.labels(_outcome)
 for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
+for _outcome in ("hit", "miss", "off"):
+    CACHE_NEAR_REQUESTS.labels(_outcome)
 for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
     ADMISSION_REFUSED.labels(_reason)
 for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):

@@ -66,6 +66,12 @@ class ResponseFormat(Protocol):
         """The same format for another response: its own id and creation time."""
         ...
 
+    def renders_alike(self) -> bool:
+        """Whether two renderings of one completion differ only in their id and creation
+        time, so a rendered body can be kept and reused (not with tool calls: each rendering
+        gives its calls ids of their own, and counts them)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class _Envelope:
@@ -97,6 +103,9 @@ class _Envelope:
             self, id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time())
         )
 
+    def renders_alike(self) -> bool:
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class ChatFormat(_Envelope):
@@ -108,6 +117,9 @@ class ChatFormat(_Envelope):
     """The tool parser for `auto` (none: `auto` answers with text)."""
 
     CHUNK = "chat.completion.chunk"
+
+    def renders_alike(self) -> bool:
+        return self.tools.mode == "none"
 
     def first_chunk(self, index: int) -> dict[str, Any]:
         content = None if self.tools.mode in ("required", "named") else ""

@@ -62,6 +62,9 @@ class ResponsesFormat:
         envelope = ResponseEnvelope(self.envelope.model, self.envelope.echo)
         return ResponsesFormat(self.chat.renewed(), envelope)
 
+    def renders_alike(self) -> bool:
+        return False  # its items have ids of their own
+
     def stream_writer(self) -> ResponseEventWriter:
         """This response's one stream writer (it numbers the events; `http.sse` asks it for
         the error event after a failure)."""

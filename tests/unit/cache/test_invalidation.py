@@ -1,0 +1,241 @@
+"""The near cache kept true by Redis: two gateways (the fake engine, real HTTP) on a Redis
+of the module's own, which is changed behind their backs, killed, restarted and frozen; and
+the bound in bytes under 100,000 distinct keys."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from sluicegate.cache.entry import encode_entry
+from sluicegate.cache.invalidation import InvalidationListener
+from sluicegate.cache.near import NearCache
+from sluicegate.cache.response_cache import CacheConfig, ResponseCache
+from sluicegate.cache.store import RedisStore
+from sluicegate.cache.ttl import TtlPolicy, TtlRule
+from sluicegate.observability.metrics import CACHE_NEAR_REQUESTS
+from sluicegate.wiring import redis_client
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.integration.redis_server import RedisProcess, running_redis
+from tests.unit.cache.test_near import answer
+
+MAX_LAG = 0.3
+PREFIX = "near"
+
+
+def chat(text: str = "Say hello", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": FAKE_MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        **extra,
+    }
+
+
+def near_hits() -> float:
+    return CACHE_NEAR_REQUESTS.labels(outcome="hit")._value.get()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as process:
+        yield process
+
+
+@pytest.fixture
+def raw(server: RedisProcess) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port, socket_timeout=5)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+class Gateway:
+    def __init__(self, client: httpx.AsyncClient, engine: FakeEngine) -> None:
+        self.client = client
+        self.engine = engine
+
+    async def ask(self, body: dict[str, Any], **headers: str) -> tuple[str, str, float]:
+        """X-Cache, the answer's text, and how many near-cache hits it made."""
+        before = near_hits()
+        response = await self.client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        text = response.json()["choices"][0]["message"]["content"]
+        return response.headers["x-cache"], text, near_hits() - before
+
+
+@pytest.fixture
+async def gateways(server: RedisProcess, raw: redis.Redis) -> AsyncIterator[list[Gateway]]:
+    settings = {
+        "redis_url": server.url,
+        "redis_key_prefix": PREFIX,
+        "cache_redis_timeout": 0.25,
+        "cache_retry_interval": 0.1,
+        "cache_near_max_lag": MAX_LAG,
+    }
+    async with AsyncExitStack() as stack:
+        found = []
+        for _ in range(2):
+            engine = FakeEngine(words=["Hello", " there"])
+            url = stack.enter_context(serve_in_thread(fake_app(engine, **settings)))
+            client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=30))
+            found.append(Gateway(client, engine))
+        yield found
+
+
+async def near_hit_on(gateway: Gateway, body: dict[str, Any], within: float = 2.0) -> str:
+    """Ask until the answer comes from the gateway's near cache; its text."""
+    deadline = time.monotonic() + within
+    while True:
+        outcome, text, hits = await gateway.ask(body)
+        if hits:
+            assert outcome == "HIT"
+            return text
+        assert time.monotonic() < deadline, "no near-cache hit"
+        await asyncio.sleep(0.02)
+
+
+async def first_change(gateway: Gateway, body: dict[str, Any], old: str) -> float:
+    """Seconds until the gateway stops answering `old` from its near cache."""
+    started = time.monotonic()
+    while True:
+        outcome, text, _ = await gateway.ask(body)
+        if text != old or outcome != "HIT":
+            return time.monotonic() - started
+        assert time.monotonic() - started < 2.0, "still served"
+
+
+async def test_both_gateways_hit_and_a_replacement_through_one_reaches_the_other(
+    gateways: list[Gateway],
+) -> None:
+    a, b = gateways
+    assert (await a.ask(chat()))[:2] == ("MISS", "Hello there")
+    assert await near_hit_on(a, chat()) == "Hello there"
+    assert await near_hit_on(b, chat()) == "Hello there"
+
+    a.engine.words = ["Fresh", " words"]
+    outcome, text, _ = await a.ask(chat(), **{"cache-control": "no-cache"})
+    assert (outcome, text) == ("BYPASS", "Fresh words")
+    assert await first_change(b, chat(), "Hello there") < 0.1
+    for gateway in (a, b):
+        outcome, text, _ = await gateway.ask(chat())
+        assert (outcome, text) == ("HIT", "Fresh words")
+    assert await near_hit_on(b, chat()) == "Fresh words"
+
+
+async def test_an_entry_deleted_or_flushed_in_redis_is_a_miss_on_both(
+    gateways: list[Gateway], raw: redis.Redis
+) -> None:
+    a = gateways[0]
+    one, two = chat("one"), chat("two more words")
+    for gateway in gateways:
+        gateway.engine.words = ["Old"]
+    await a.ask(one)
+    (key,) = entries(raw)
+    await a.ask(two)
+    for gateway in gateways:
+        await near_hit_on(gateway, one)
+        await near_hit_on(gateway, two)
+        gateway.engine.words = ["New"]
+
+    raw.delete(key)
+    for gateway in gateways:
+        assert await first_change(gateway, one, "Old") < 0.1
+    raw.flushdb()
+    for gateway in gateways:
+        assert await first_change(gateway, two, "Old") < 0.1
+
+
+def entries(raw: redis.Redis) -> list[bytes]:
+    return [k for k in raw.scan_iter(match=f"{PREFIX}:cache:*") if not k.endswith(b":lock")]
+
+
+async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(
+    gateways: list[Gateway], server: RedisProcess
+) -> None:
+    a, b = gateways
+    await a.ask(chat())
+    await near_hit_on(b, chat())
+    b.engine.words = ["Regenerated"]
+
+    server.kill()
+    # The connection closing flushes the near cache: B answers from its engine.
+    outcome, text, hits = await b.ask(chat())
+    assert (outcome, text, hits) == ("MISS", "Regenerated", 0)
+    server.start()  # empty: what the near caches held is gone from Redis
+    b.engine.words = ["After restart"]
+    outcome, text, _ = await b.ask(chat())
+    assert outcome != "HIT" or text == "After restart"
+    # Tracking comes back by itself, and the near cache with it.
+    assert await near_hit_on(b, chat(), within=5.0) == "After restart"
+
+
+async def test_redis_frozen_the_near_cache_stops_serving_after_max_lag_and_resumes(
+    gateways: list[Gateway], server: RedisProcess
+) -> None:
+    """SIGSTOP: no answer on the invalidation connection. Within MAX_LAG the near cache
+    may still serve (nothing can change in Redis unreported for longer than that); after
+    it, it serves nothing until Redis answers again."""
+    b = gateways[1]
+    await b.ask(chat())
+    await near_hit_on(b, chat())
+    b.engine.words = ["From the engine"]
+    server.freeze()
+    try:
+        await asyncio.sleep(MAX_LAG + 0.05)
+        outcome, text, hits = await b.ask(chat())
+        assert (outcome, text, hits) == ("MISS", "From the engine", 0)
+    finally:
+        server.thaw()
+    # The same connection answers again, having missed nothing: the entries were kept.
+    assert await near_hit_on(b, chat(), within=3.0) == "Hello there"
+
+
+async def test_entries_read_from_redis_are_kept_within_the_bound(
+    server: RedisProcess, raw: redis.Redis
+) -> None:
+    """Through the cache's own reads: the least recently read go (100,000 keys without
+    Redis: `test_near.py`)."""
+    bound = 64 * 1024
+    client = redis_client(server.url, 8)
+    near = NearCache(bound, bound)
+    listener = InvalidationListener(client, near, f"{PREFIX}:cache:", 1.0, 0.1)
+    listener.start()
+    cache = ResponseCache(
+        RedisStore(client, op_timeout=2.0),
+        TtlPolicy(TtlRule()),
+        CacheConfig(prefix=PREFIX),
+        "m",
+        "identity",
+        near,
+        listener,
+    )
+    keys = [f"{PREFIX}:cache:v1:m:{i:064x}" for i in range(2000)]
+    completion = answer("A river is a natural stream of water.")
+    with raw.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.set(key, encode_entry(key, completion, time.time()), px=600_000)
+        pipe.execute()
+    try:
+        for _ in range(500):
+            if near.connected:
+                break
+            await asyncio.sleep(0.01)
+        for start in range(0, len(keys), 8):
+            found = await asyncio.gather(*(cache.fetch(key) for key in keys[start : start + 8]))
+            assert all(hit is not None for hit in found)
+            assert near.size_bytes <= bound
+        assert 10 < len(near) < 2000
+        before = near_hits()
+        assert await cache.fetch(keys[-1]) is not None and near_hits() - before == 1
+        assert await cache.fetch(keys[0]) is not None and near_hits() - before == 1
+    finally:
+        await cache.close()
+        await client.aclose()
