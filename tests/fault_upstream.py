@@ -1,0 +1,747 @@
+"""A fault-injecting OpenAI-compatible upstream: a test double, not a model server.
+
+It answers the OpenAI routes a gateway calls with canned words, one word per streamed
+chunk, and does on command what a failing server does: error statuses with `Retry-After`,
+connections reset before the headers or mid-stream, stalls, slow streams, or being down.
+A real HTTP server process (uvicorn, uvloop, raw ASGI; chunk bytes precomputed), so it also
+serves as the fast streaming upstream of `bench/upstream_overhead.py`.
+
+    python -m tests.fault_upstream --port 8101 [--chunks 32] [--delay 0] [--model fault-model]
+                                   [--api-key KEY]
+
+Routes: `GET /health` (200, empty), `GET /v1/models`, `POST /v1/chat/completions` and
+`POST /v1/completions`, streamed (`data: {...}` chat.completion.chunk / text_completion
+events, the last with `finish_reason`, a usage event when `stream_options.include_usage`,
+then `data: [DONE]`) or not (one body with `usage`). `max_tokens` (or
+`max_completion_tokens`) below `--chunks` cuts the answer there, with finish_reason
+`length`. With `--api-key`, `/v1/*` wants `Authorization: Bearer KEY` (else 401).
+
+Control, `POST /_control` with one JSON object, replacing the behaviour before it:
+
+    {"status": 503, "retry_after": 1}      that status and an OpenAI error body (4xx or 5xx);
+                                           `Retry-After: 1` when retry_after is given
+    {"reset": "before"}                    reset the TCP connection (RST) before any header
+    {"reset": "during", "after_chunks": 3} send the headers and 3 chunks, then reset
+    {"stall": 5}                           read the request, send nothing for 5 s, go on
+    {"stall": 5, "after_chunks": 3}        the same after the headers and 3 chunks
+    {"slow": 0.2}                          0.2 s before each chunk (combines with reset/stall)
+    {"down": true}                         503 on every route, /health and /v1/models too
+    {"reset_all": true}                    back to normal
+    {"reset_stats": true}                  counters back to zero (live gauges stay)
+
+Add `"times": N` to apply a behaviour to the next N requests it concerns, then go back to
+normal; without it, it lasts until the next control request. `status`, `reset`, `stall`
+and `slow` concern the two completion routes only; `down` concerns every route but
+`/_control` and `/_stats`. `GET /_control` shows the behaviour in force. Bad control
+bodies get a 400 saying why.
+
+Counters, `GET /_stats` (timestamps are `time.monotonic()` of this process: CLOCK_MONOTONIC,
+the same clock as a test's `time.monotonic()` on the same Linux host):
+
+    {"requests": {"/v1/chat/completions": 3, ...},  received, per path (control excluded)
+     "in_flight": 1,               requests being answered now
+     "completed": 2,               responses sent in full (any status)
+     "statuses": {"200": 1, "503": 1},   of the completed responses
+     "resets": 0,                  connections this server reset on purpose
+     "disconnects": [12345.678],   when it noticed a client leave before its response ended
+     "open_connections": 4,        TCP connections open now (keep-alive ones included)
+     "arrivals": [{"path": ..., "at": 12345.6, "fault": "status"}, ...],  the last 1,000
+     "now": 12346.0, "pid": 4242}  this process's id
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from dataclasses import asdict, dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+CONTROL_PATHS = ("/_control", "/_stats")
+WORDS = [
+    "Water", "finds", "the", "open", "sluice", "and", "the", "gate", "holds", "back", "what",
+    "the", "channel", "cannot", "take,", "so", "the", "river", "keeps", "its", "pace", "while",
+    "the", "fields", "below", "stay", "green", "through", "the", "summer",
+]  # fmt: skip
+ARRIVALS_KEPT = 1000
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+DONE = b"data: [DONE]\n\n"
+RST_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a RST
+
+
+class ControlError(ValueError):
+    """A control body that cannot be a behaviour."""
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """What the next requests get; all None/False is a healthy server."""
+
+    status: int | None = None
+    retry_after: float | None = None
+    reset: str | None = None
+    stall: float | None = None
+    after_chunks: int | None = None
+    slow: float | None = None
+    down: bool = False
+    times: int | None = None
+
+    @property
+    def normal(self) -> bool:
+        return self == Behaviour()
+
+    @property
+    def fault(self) -> str | None:
+        """The name the arrivals log gives this behaviour's fault."""
+        for name in ("down", "status", "reset", "stall", "slow"):
+            if getattr(self, name):
+                return name
+        return None
+
+
+def parse_control(body: object) -> Behaviour | None:
+    """The behaviour a control body asks for; None for `reset_stats` alone."""
+    if not isinstance(body, dict):
+        raise ControlError("the control body must be a JSON object")
+    known = {*Behaviour.__dataclass_fields__, "reset_all", "reset_stats"}
+    if unknown := sorted(set(body) - known):
+        raise ControlError(f"unknown control fields: {', '.join(unknown)}")
+    if body.get("reset_all"):
+        if set(body) - {"reset_all", "reset_stats"}:
+            raise ControlError("reset_all takes no other fields")
+        return Behaviour()
+    rest = {k: v for k, v in body.items() if k != "reset_stats"}
+    if not rest:
+        return None
+    behaviour = Behaviour(
+        status=_number(rest, "status", int, 400, 599),
+        retry_after=_number(rest, "retry_after", float, 0, 3600),
+        reset=rest.get("reset"),
+        stall=_number(rest, "stall", float, 0, 3600),
+        after_chunks=_number(rest, "after_chunks", int, 0, 1_000_000),
+        slow=_number(rest, "slow", float, 0, 60),
+        down=_flag(rest, "down"),
+        times=_number(rest, "times", int, 1, 1_000_000),
+    )
+    if behaviour.reset not in (None, "before", "during"):
+        raise ControlError('reset must be "before" or "during"')
+    exclusive = [n for n in ("status", "reset", "stall", "down") if getattr(behaviour, n)]
+    if len(exclusive) > 1:
+        raise ControlError(f"choose one of status, reset, stall, down (got {exclusive})")
+    if behaviour.retry_after is not None and behaviour.status is None:
+        raise ControlError("retry_after goes with status")
+    if behaviour.reset == "during" and behaviour.after_chunks is None:
+        raise ControlError('reset "during" needs after_chunks')
+    if behaviour.after_chunks is not None and not (behaviour.reset == "during" or behaviour.stall):
+        raise ControlError('after_chunks goes with reset "during" or stall')
+    if behaviour.normal or (behaviour.times is not None and behaviour.fault is None):
+        raise ControlError("no behaviour given (use reset_all to go back to normal)")
+    return behaviour
+
+
+def _number(body: dict[str, Any], name: str, kind: type, low: float, high: float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ControlError(f"{name} must be a number from {low} to {high}")
+    if kind is int and value != int(value):
+        raise ControlError(f"{name} must be a whole number")
+    return kind(value)
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise ControlError(f"{name} must be true or false")
+    return value
+
+
+@dataclass(slots=True)
+class Stats:
+    """The counters `GET /_stats` shows (see the module docstring)."""
+
+    requests: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0
+    completed: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    resets: int = 0
+    disconnects: list[float] = field(default_factory=list)
+    arrivals: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
+
+    def clear(self) -> None:
+        """Counters back to zero; `in_flight` is a live gauge and stays."""
+        self.requests, self.statuses = Counter(), Counter()
+        self.completed = self.resets = 0
+        self.disconnects = []
+        self.arrivals = deque(maxlen=ARRIVALS_KEPT)
+
+
+class Connections:
+    """The open TCP connections, by peer address, so a request can reset its own."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], asyncio.BaseTransport] = {}
+
+    def protocol(self, base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+        """`base` (uvicorn's HTTP protocol) keeping this registry up to date."""
+        registry = self.open
+
+        class Tracked(base):  # type: ignore[valid-type,misc]
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self._peer = _peer(transport)
+                registry[self._peer] = transport
+                super().connection_made(transport)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                registry.pop(self._peer, None)
+                super().connection_lost(exc)
+
+        return Tracked
+
+    def reset(self, client: tuple[str, int]) -> None:
+        """Close the connection of `client` with a RST, dropping whatever is unsent."""
+        transport = self.open.get(client)
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RST_ON_CLOSE)
+        cast(asyncio.Transport, transport).abort()  # uvloop's transports are not subclasses
+
+
+def _peer(transport: asyncio.BaseTransport) -> tuple[str, int]:
+    peer = transport.get_extra_info("peername")
+    return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple | list) else ("", 0)
+
+
+class Script:
+    """The canned answer's bytes, built once per length: each event after its `id`."""
+
+    def __init__(self, model: str, chunks: int) -> None:
+        self.model = model
+        self.chunks = chunks
+        self.created = int(time.time())
+        self._events: dict[tuple[bool, int], list[bytes]] = {}
+
+    def words(self, n: int) -> list[str]:
+        return [("" if i == 0 else " ") + WORDS[i % len(WORDS)] for i in range(n)]
+
+    def finish_reason(self, n: int) -> str:
+        return "length" if n < self.chunks else "stop"
+
+    def events(self, chat: bool, n: int) -> list[bytes]:
+        """The streamed events of an `n`-word answer, each to follow `data: {"id":"<id>"`."""
+        key = (chat, n)
+        if key not in self._events:
+            choices: list[dict[str, Any]]
+            if chat:
+                choices = [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+                choices += [{"delta": {"content": w}, "finish_reason": None} for w in self.words(n)]
+                choices.append({"delta": {}, "finish_reason": self.finish_reason(n)})
+            else:
+                choices = [{"text": w, "finish_reason": None} for w in self.words(n)]
+                choices.append({"text": "", "finish_reason": self.finish_reason(n)})
+            self._events[key] = [
+                self._tail(chat, {"index": 0, **c, "logprobs": None}) for c in choices
+            ]
+        return self._events[key]
+
+    def usage_event(self, chat: bool, usage: dict[str, int]) -> bytes:
+        return self._tail(chat, None, usage)
+
+    def _tail(self, chat: bool, choice: dict[str, Any] | None, usage: Any = None) -> bytes:
+        event: dict[str, Any] = {
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice] if choice else [],
+        }
+        if usage:
+            event["usage"] = usage
+        return b'",' + json.dumps(event, separators=(",", ":")).encode()[1:] + b"\n\n"
+
+    def body(self, chat: bool, request_id: str, n: int, usage: dict[str, int]) -> bytes:
+        text = "".join(self.words(n))
+        choice: dict[str, Any] = (
+            {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        )
+        return json.dumps(
+            {
+                "id": request_id,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {"index": 0, **choice, "logprobs": None, "finish_reason": self.finish_reason(n)}
+                ],
+                "usage": usage,
+            }
+        ).encode()
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request being answered: what the guard needs to tell a client leaving from us."""
+
+    client: tuple[str, int]
+    finished: bool = False
+    reset: bool = False
+    counted: bool = True  # in the stats' completed and statuses (control requests are not)
+
+
+class FaultUpstream:
+    """The ASGI app."""
+
+    def __init__(self, model: str, chunks: int, delay: float, api_key: str | None) -> None:
+        self.script = Script(model, chunks)
+        self.delay = delay
+        self.api_key = api_key
+        self.behaviour = Behaviour()
+        self.stats = Stats()
+        self.connections = Connections()
+        self._ids = count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in CONTROL_PATHS:
+            await self._control(path, method, receive, send)
+            return
+        self.stats.requests[path] += 1
+        self.stats.in_flight += 1
+        try:
+            await self._serve(scope, path, method, receive, send)
+        finally:
+            self.stats.in_flight -= 1
+
+    async def _serve(
+        self, scope: Scope, path: str, method: str, receive: Receive, send: Send
+    ) -> None:
+        host, port = scope.get("client") or ("", 0)
+        exchange = Exchange((host, port))
+        behaviour = self._take(path)
+        self.stats.arrivals.append({"path": path, "at": time.monotonic(), "fault": behaviour.fault})
+        body = await _read_body(receive)
+        if body is None:
+            self.stats.disconnects.append(time.monotonic())
+            return
+        if behaviour.down:
+            await self._error(send, exchange, 503, "the upstream is down", "server_error")
+        elif path == "/health" and method == "GET":
+            await self._respond(send, exchange, 200, b"", [])
+        elif path.startswith("/v1/") and not self._authorized(scope):
+            await self._error(send, exchange, 401, "invalid API key", "invalid_request_error")
+        elif path == "/v1/models" and method == "GET":
+            await self._respond(send, exchange, 200, self._models(), JSON_HEADERS)
+        elif path in COMPLETION_PATHS and method == "POST":
+            await self._guard(
+                receive, exchange, self._complete(path, body, behaviour, exchange, send)
+            )
+        elif path in COMPLETION_PATHS or path in ("/health", "/v1/models"):
+            await self._error(send, exchange, 405, "method not allowed", "invalid_request_error")
+        else:
+            await self._error(send, exchange, 404, f"no route {path}", "invalid_request_error")
+
+    def _take(self, path: str) -> Behaviour:
+        """The behaviour for this request, counting it against `times`."""
+        behaviour = self.behaviour
+        if behaviour.normal or (path not in COMPLETION_PATHS and not behaviour.down):
+            return Behaviour()
+        if behaviour.times is not None:
+            left = behaviour.times - 1
+            self.behaviour = (
+                Behaviour(**{**asdict(behaviour), "times": left}) if left else Behaviour()
+            )
+        return behaviour
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.api_key is None:
+            return True
+        expected = f"Bearer {self.api_key}".encode()
+        return any(k == b"authorization" and v == expected for k, v in scope["headers"])
+
+    def _models(self) -> bytes:
+        model = {
+            "id": self.script.model,
+            "object": "model",
+            "created": self.script.created,
+            "owned_by": "fault-upstream",
+            "max_model_len": 2048,
+        }
+        return json.dumps({"object": "list", "data": [model]}).encode()
+
+    async def _guard(
+        self, receive: Receive, exchange: Exchange, work: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run `work` until it ends or the client leaves (then it is cancelled, as a real
+        server aborts the generation)."""
+        answer = asyncio.ensure_future(work)
+        left = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait((answer, left), return_when=asyncio.FIRST_COMPLETED)
+        if answer.done():
+            left.cancel()
+            answer.result()
+            return
+        answer.cancel()
+        if not (exchange.finished or exchange.reset):
+            self.stats.disconnects.append(left.result())
+        await asyncio.gather(answer, return_exceptions=True)
+
+    async def _complete(
+        self, path: str, raw: bytes, behaviour: Behaviour, exchange: Exchange, send: Send
+    ) -> None:
+        chat = path == "/v1/chat/completions"
+        try:
+            request = _completion_request(raw, chat)
+        except ValueError as exc:
+            await self._error(send, exchange, 400, str(exc), "invalid_request_error")
+            return
+        if behaviour.status is not None:
+            headers = []
+            if behaviour.retry_after is not None:
+                headers.append((b"retry-after", _seconds(behaviour.retry_after)))
+            kind = (
+                "rate_limit_error"
+                if behaviour.status == 429
+                else ("server_error" if behaviour.status >= 500 else "invalid_request_error")
+            )
+            await self._error(
+                send, exchange, behaviour.status, f"injected {behaviour.status}", kind, headers
+            )
+            return
+        if behaviour.reset == "before":
+            await self._reset(exchange)
+        if behaviour.stall and behaviour.after_chunks is None:
+            await asyncio.sleep(behaviour.stall)
+        n = min(self.script.chunks, request["max_tokens"] or self.script.chunks)
+        usage = {
+            "prompt_tokens": request["prompt_tokens"],
+            "completion_tokens": n,
+            "total_tokens": request["prompt_tokens"] + n,
+        }
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-fault-{next(self._ids)}"
+        pace = behaviour.slow if behaviour.slow is not None else self.delay
+        if request["stream"]:
+            await self._stream(
+                send,
+                exchange,
+                chat,
+                request_id,
+                n,
+                usage if request["usage"] else None,
+                behaviour,
+                pace,
+            )
+        else:
+            await self._whole(
+                send, exchange, self.script.body(chat, request_id, n, usage), behaviour, pace * n
+            )
+
+    async def _stream(
+        self,
+        send: Send,
+        exchange: Exchange,
+        chat: bool,
+        request_id: str,
+        n: int,
+        usage: dict[str, int] | None,
+        behaviour: Behaviour,
+        pace: float,
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        head = b'data: {"id":"' + request_id.encode()
+        events = self.script.events(chat, n)
+        if usage is not None:
+            events = [*events, self.script.usage_event(chat, usage)]
+        for index, tail in enumerate(events):
+            if index == behaviour.after_chunks:
+                await self._mid_stream_fault(behaviour, exchange)
+            if pace:
+                await asyncio.sleep(pace)
+            await send({"type": "http.response.body", "body": head + tail, "more_body": True})
+        if behaviour.after_chunks is not None and behaviour.after_chunks >= len(events):
+            await self._mid_stream_fault(behaviour, exchange)
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+        self._count(exchange, 200)
+
+    async def _whole(
+        self, send: Send, exchange: Exchange, body: bytes, behaviour: Behaviour, wait: float
+    ) -> None:
+        if wait:
+            await asyncio.sleep(wait)
+        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if behaviour.after_chunks is not None:
+            # Not streamed, a "chunk" is half the body: the fault comes mid-body.
+            await send(
+                {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
+            )
+            await self._mid_stream_fault(behaviour, exchange)
+            body = body[len(body) // 2 :]
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        self._count(exchange, 200)
+
+    async def _mid_stream_fault(self, behaviour: Behaviour, exchange: Exchange) -> None:
+        if behaviour.reset == "during":
+            await self._reset(exchange)
+        elif behaviour.stall:
+            await asyncio.sleep(behaviour.stall)
+
+    async def _reset(self, exchange: Exchange) -> None:
+        """Reset the connection, then wait to be cancelled when the server sees it gone."""
+        exchange.reset = True
+        self.stats.resets += 1
+        self.connections.reset(exchange.client)
+        await asyncio.Event().wait()
+
+    async def _respond(
+        self,
+        send: Send,
+        exchange: Exchange,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        self._count(exchange, status)
+
+    async def _error(
+        self,
+        send: Send,
+        exchange: Exchange,
+        status: int,
+        message: str,
+        kind: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        await self._respond(
+            send, exchange, status, json.dumps(body).encode(), [*JSON_HEADERS, *(headers or [])]
+        )
+
+    def _count(self, exchange: Exchange, status: int) -> None:
+        if not exchange.counted:
+            return
+        self.stats.completed += 1
+        self.stats.statuses[str(status)] += 1
+
+    async def _control(self, path: str, method: str, receive: Receive, send: Send) -> None:
+        raw = await _read_body(receive)
+        exchange = Exchange(("", 0), counted=False)
+        if path == "/_stats" and method == "GET":
+            await self._respond(
+                send, exchange, 200, json.dumps(self._stats()).encode(), JSON_HEADERS
+            )
+            return
+        if path == "/_control" and method == "POST":
+            try:
+                body = json.loads(raw or b"null")
+                behaviour = parse_control(body)
+            except ValueError as exc:
+                await self._error(send, exchange, 400, str(exc), "invalid_request_error")
+                return
+            if body.get("reset_stats"):
+                self.stats.clear()
+            if behaviour is not None:
+                self.behaviour = behaviour
+        elif not (path == "/_control" and method == "GET"):
+            await self._error(send, exchange, 405, "method not allowed", "invalid_request_error")
+            return
+        current = {k: v for k, v in asdict(self.behaviour).items() if v not in (None, False)}
+        await self._respond(send, exchange, 200, json.dumps(current).encode(), JSON_HEADERS)
+
+    def _stats(self) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "requests": dict(stats.requests),
+            "in_flight": stats.in_flight,
+            "completed": stats.completed,
+            "statuses": dict(stats.statuses),
+            "resets": stats.resets,
+            "disconnects": stats.disconnects,
+            "open_connections": len(self.connections.open),
+            "arrivals": list(stats.arrivals),
+            "now": time.monotonic(),
+            "pid": os.getpid(),
+        }
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body, or None when the client left before sending it all."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _disconnected(receive: Receive) -> float:
+    """When the client went away (the body is read: the next message can only say so)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    return time.monotonic()
+
+
+def _completion_request(raw: bytes, chat: bool) -> dict[str, Any]:
+    """What the answer depends on: stream, usage, max tokens and a prompt-length estimate."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        prompt = " ".join(
+            str(m.get("content", "")) if isinstance(m, dict) else "" for m in messages
+        )
+    else:
+        if "prompt" not in body:
+            raise ValueError("prompt is required")
+        prompt = str(body["prompt"])
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError("max_tokens must be a positive integer")
+    options = body.get("stream_options") or {}
+    return {
+        "stream": bool(body.get("stream")),
+        "usage": bool(isinstance(options, dict) and options.get("include_usage")),
+        "max_tokens": max_tokens,
+        "prompt_tokens": max(1, len(prompt.split())),
+    }
+
+
+def _seconds(value: float) -> bytes:
+    return str(int(value) if value == int(value) else value).encode()
+
+
+@dataclass
+class FaultUpstreamProcess:
+    """A running `python -m tests.fault_upstream`, for tests and benchmarks to drive."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The base URL a gateway is given (ends in /v1)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def control(self, **behaviour: Any) -> dict[str, Any]:
+        response = httpx.post(f"{self.root}/_control", json=behaviour, timeout=5)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.root}/_stats", timeout=5)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def start(
+    port: int, *flags: str, log: Path | None = None, timeout_s: float = 20.0
+) -> FaultUpstreamProcess:
+    """Start the double on `port` and wait until it answers (itself: another server already
+    on the port would answer too, so the pid in /_stats must be the new process's)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    out = log.open("wb") if log else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), *flags],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
+        )  # fmt: skip
+    finally:
+        if log:
+            out.close()  # type: ignore[union-attr]
+    upstream = FaultUpstreamProcess(process, port)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the fault upstream exited with {process.returncode}")
+        try:
+            if upstream.stats()["pid"] == process.pid:
+                return upstream
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    upstream.stop()
+    raise RuntimeError(f"the fault upstream did not answer in {timeout_s} s")
+
+
+def main() -> None:
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--chunks", type=int, default=32, help="words in an answer")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each chunk")
+    parser.add_argument("--model", default="fault-model", help="the id /v1/models lists")
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    args = parser.parse_args()
+    app = FaultUpstream(args.model, args.chunks, args.delay, args.api_key)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, loop="uvloop", lifespan="off", access_log=False,
+        log_level="warning", http=app.connections.protocol(HttpToolsProtocol), backlog=4096,
+        timeout_keep_alive=30,
+    )  # fmt: skip
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

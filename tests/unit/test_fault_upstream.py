@@ -1,0 +1,187 @@
+"""The fault-injecting upstream (tests/fault_upstream.py), itself a test double, driven as the
+gateway's integration tests drive it: a real process on loopback."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.fault_upstream import ControlError, FaultUpstreamProcess, parse_control, start
+from tests.integration.server import free_port
+
+CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "two words"}]}
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
+    log = tmp_path_factory.mktemp("fault") / "upstream.log"
+    process = start(free_port(), "--chunks", "5", "--api-key", "sk-up", log=log)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def http(upstream: FaultUpstreamProcess) -> Iterator[httpx.Client]:
+    upstream.control(reset_all=True)
+    with httpx.Client(base_url=upstream.url, headers={"Authorization": "Bearer sk-up"}) as client:
+        yield client
+
+
+def events(lines: Iterator[str]) -> list[str]:
+    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+def test_a_stream_has_a_word_per_chunk_a_finish_reason_usage_and_done(http: httpx.Client) -> None:
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    with http.stream("POST", "/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        data = events(response.iter_lines())
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    words = [c["choices"][0]["delta"]["content"] for c in chunks[1:6]]
+    assert words == ["Water", " finds", " the", " open", " sluice"]
+    assert chunks[6]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[7] == {**chunks[7], "choices": [], "usage": {
+        "prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}}  # fmt: skip
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_max_tokens_cuts_the_answer_with_finish_reason_length(http: httpx.Client) -> None:
+    body = http.post("/completions", json={"prompt": "a b c", "max_tokens": 2}).json()
+    assert body["choices"][0]["text"] == "Water finds"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+def test_the_api_key_is_required_on_v1_but_not_on_health(upstream: FaultUpstreamProcess) -> None:
+    assert httpx.get(f"{upstream.url}/models").status_code == 401
+    assert httpx.get(f"{upstream.root}/health").status_code == 200
+
+
+def test_a_status_fault_answers_n_requests_with_retry_after_then_heals(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(status=503, retry_after=1, times=2)
+    answers = [http.post("/chat/completions", json=CHAT) for _ in range(3)]
+    assert [a.status_code for a in answers] == [503, 503, 200]
+    assert answers[0].headers["retry-after"] == "1"
+    assert set(answers[0].json()["error"]) == {"message", "type", "param", "code"}
+    assert http.get("/models").status_code == 200  # status faults spare the other routes
+
+
+def test_a_reset_before_the_headers_is_a_connection_reset(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(reset="before", times=1)
+    with pytest.raises(httpx.ReadError, match="reset"):
+        http.post("/chat/completions", json=CHAT)
+    assert upstream.stats()["resets"] >= 1
+    assert http.post("/chat/completions", json=CHAT).status_code == 200
+
+
+def test_a_reset_during_the_stream_comes_after_the_chunks_asked_for(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(reset="during", after_chunks=3)
+    resets = upstream.stats()["resets"]
+    received: list[str] = []
+    with (
+        pytest.raises(httpx.ReadError, match="reset"),
+        http.stream("POST", "/chat/completions", json={**CHAT, "stream": True}) as response,
+    ):
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            received += events(iter([line]))
+    assert len(received) == 3
+    assert upstream.stats()["resets"] == resets + 1
+
+
+def test_a_client_leaving_a_stall_is_seen_at_once_and_counted(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(stall=30)
+    before = upstream.stats()
+    with pytest.raises(httpx.ReadTimeout):
+        http.post("/chat/completions", json=CHAT, timeout=0.3)
+    left = time.monotonic()
+    deadline = left + 2
+    while len((stats := upstream.stats())["disconnects"]) == len(before["disconnects"]):
+        assert time.monotonic() < deadline, "the disconnect was not noticed"
+        time.sleep(0.02)
+    noticed = stats["disconnects"][-1]
+    assert left - 0.1 < noticed < left + 1  # one clock for both processes
+    assert stats["in_flight"] == 0  # the stalled answer was abandoned
+    assert stats["completed"] == before["completed"]
+
+
+def test_open_connections_and_in_flight_are_live(upstream: FaultUpstreamProcess) -> None:
+    upstream.control(stall=30)
+    base = upstream.stats()["open_connections"]
+    clients = [httpx.Client(headers={"Authorization": "Bearer sk-up"}) for _ in range(2)]
+    try:
+        for client in clients:
+            with pytest.raises(httpx.ReadTimeout):
+                client.post(f"{upstream.url}/completions", json={"prompt": "x"}, timeout=0.2)
+        upstream.control(reset_all=True)
+        # The clients closed the timed-out connections: none is open or in flight now.
+        time.sleep(0.1)
+        stats = upstream.stats()
+        assert stats["in_flight"] == 0
+        assert stats["open_connections"] == base
+        kept = clients[0].get(f"{upstream.url}/models")  # a keep-alive connection stays open
+        assert kept.status_code == 200
+        assert upstream.stats()["open_connections"] == base + 1
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_down_fails_health_and_models_too(upstream: FaultUpstreamProcess) -> None:
+    upstream.control(down=True)
+    assert httpx.get(f"{upstream.root}/health").status_code == 503
+    assert httpx.get(f"{upstream.url}/models").status_code == 503
+    upstream.control(reset_all=True)
+    assert httpx.get(f"{upstream.root}/health").status_code == 200
+
+
+def test_stats_count_requests_per_path_and_arrivals_name_their_fault(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(reset_stats=True, status=429, times=1)
+    http.post("/chat/completions", json=CHAT)
+    http.post("/completions", json={"prompt": "x"})
+    stats = upstream.stats()
+    assert stats["requests"] == {"/v1/chat/completions": 1, "/v1/completions": 1}
+    assert stats["statuses"] == {"429": 1, "200": 1}
+    assert [a["fault"] for a in stats["arrivals"]] == ["status", None]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"status": 200}, "status must be"),
+        ({"reset": "sideways"}, "reset must be"),
+        ({"reset": "during"}, "needs after_chunks"),
+        ({"status": 503, "stall": 1}, "choose one"),
+        ({"retry_after": 1}, "goes with status"),
+        ({"times": 2}, "no behaviour"),
+        ({"slow": True}, "slow must be"),
+        ({"color": "red"}, "unknown control fields: color"),
+    ],
+)
+def test_bad_control_bodies_say_why(body: dict[str, object], reason: str) -> None:
+    with pytest.raises(ControlError, match=reason):
+        parse_control(body)
+
+
+def test_a_bad_control_body_is_a_400_and_changes_nothing(upstream: FaultUpstreamProcess) -> None:
+    upstream.control(slow=0.01)
+    response = httpx.post(f"{upstream.root}/_control", json={"status": "teapot"})
+    assert response.status_code == 400
+    assert httpx.get(f"{upstream.root}/_control").json() == {"slow": 0.01}
