@@ -20,6 +20,7 @@ from sluicegate.engine.protocol import (
     ChatMessages,
     ChoiceDelta,
     EngineStep,
+    Prompt,
     SamplingOptions,
     StructuredOutput,
     Tokenized,
@@ -92,17 +93,18 @@ class FakeEngine:
     refused_constraint: str | None = None
     checked: list[StructuredOutput] = field(default_factory=list)
     tool_parser: ToolCallParser | None = None
+    renders_chat: bool = False
 
     async def generate(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         options: SamplingOptions,
         *,
         arrival_time: float,
         priority: int = 0,
     ) -> AsyncIterator[EngineStep]:
-        self.requests.append((request_id, prompt_token_ids, options))
+        self.requests.append((request_id, prompt.ids, options))
         self.arrivals.append(arrival_time)
         self.priorities.append(priority)
         if self.fail_before_output is not None:
@@ -132,9 +134,9 @@ class FakeEngine:
                         )
                         for i in range(options.n)
                     ],
-                    prompt_tokens=len(prompt_token_ids),
+                    prompt_tokens=len(prompt.ids),
                     finished=last,
-                    prompt_logprobs=_prompt_logprobs(prompt_token_ids, options)
+                    prompt_logprobs=_prompt_logprobs(prompt.ids, options)
                     if position == 0
                     else None,
                 )

@@ -47,7 +47,7 @@ EngineFactory = Callable[[Settings], Awaitable[EngineClient]]
 
 def create_app(
     settings: Settings,
-    engine_factory: EngineFactory = wiring.start_vllm_engine,
+    engine_factory: EngineFactory = wiring.start_engine,
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
@@ -69,15 +69,16 @@ def create_app(
                 await wiring.greet_redis(client)
             quotas = await wiring.open_quotas(settings, client)
             stack.push_async_callback(quotas.limiter.close)
-            cache = await wiring.open_cache(settings, client)
-            stack.push_async_callback(cache.close)
             started = time.monotonic()
             engine = await engine_factory(settings)
             stack.push_async_callback(engine.shutdown)
-            if settings.exit_on_engine_death:
+            if wiring.watches_engine(settings):
                 # Stopped before the engine shuts down, which it would take for a death.
                 watcher = asyncio.create_task(lifecycle.watch_engine(engine.check_health))
                 stack.callback(watcher.cancel)
+            cache = await wiring.open_cache(settings, client, engine)
+            stack.push_async_callback(cache.close)
+            model_name, model_root = wiring.served_model(settings, engine)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
@@ -86,7 +87,7 @@ def create_app(
             logger.info(
                 "engine ready in %.1f s: serving %s (max_model_len=%d)",
                 time.monotonic() - started,
-                settings.model_name,
+                model_name,
                 engine.max_model_len,
             )
             lag_watch = asyncio.create_task(watch_loop_lag())
@@ -95,7 +96,7 @@ def create_app(
             stack.callback(processes.shutdown)
             service = CompletionService(
                 engine,
-                settings.model_name,
+                model_name,
                 wiring.request_limits(settings),
                 wiring.budget_policy(settings),
                 wiring.structured_limits(settings),
@@ -109,8 +110,8 @@ def create_app(
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
-                model_name=settings.model_name,
-                model_root=settings.model or settings.model_name,
+                model_name=model_name,
+                model_root=model_root,
                 started_at=int(time.time()),
             )
             yield state.lifespan_state()
@@ -130,7 +131,8 @@ def create_app(
     app = FastAPI(
         title="sluicegate",
         version=__version__,
-        description="OpenAI-compatible inference gateway over an in-process vLLM engine.",
+        description="OpenAI-compatible inference gateway over an in-process vLLM engine or "
+        "remote OpenAI-compatible servers.",
         routes=router.routes,
         middleware=middleware(settings, lifecycle),
         lifespan=lifespan,

@@ -11,6 +11,7 @@
     ├── PayloadTooLargeError          413 invalid_request_error   code=request_too_large
     ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
     ├── RateLimitError                429 rate_limit_error        code=rate_limit_exceeded
+    ├── BadGatewayError               502 upstream_error          code=upstream_error
     ├── EngineUnavailableError        503 service_unavailable_error
     │   ├── OverloadedError               code=overloaded
     │   ├── ShuttingDownError             code=shutting_down
@@ -112,6 +113,15 @@ class RateLimitError(GatewayError):
     default_code = "rate_limit_exceeded"
 
 
+class BadGatewayError(GatewayError):
+    """An upstream server failed (upstream mode), and no retry was left or allowed."""
+
+    status_code = 502
+    error_type = "upstream_error"
+    default_code = "upstream_error"
+    default_message = "The upstream server failed to answer."
+
+
 class EngineUnavailableError(GatewayError):
     status_code = 503
     error_type = "service_unavailable_error"
@@ -149,6 +159,7 @@ STATUS_ERRORS: dict[int, type[GatewayError]] = {
     408: RequestTimeoutError,
     413: PayloadTooLargeError,
     429: RateLimitError,
+    502: BadGatewayError,
     503: EngineUnavailableError,
     504: DeadlineExceededError,
 }

@@ -33,7 +33,7 @@ from sluicegate.wire.requests import MAX_MESSAGES, MAX_N, MAX_PROMPTS, Overflow,
 
 # Settings whose values must never be echoed, not even in an error message.
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
-SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url"})
+SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url", "upstream_api_key"})
 ENV_PREFIX = "SLUICEGATE_"
 
 
@@ -89,6 +89,100 @@ class Settings(BaseSettings):
         description="vLLM tool parser that reads tool calls in the model's text for "
         "`tool_choice` auto (`hermes`, `llama3_json`, `pythonic`, ...), or `none`. Unset: "
         "`hermes` for the bundled model, none otherwise (auto then answers with text).",
+    )
+
+    # --- upstream mode ---------------------------------------------------------------
+    upstream_urls: str = Field(
+        default="",
+        description="Comma-separated base URLs of OpenAI-compatible servers, each ending in "
+        "`/v1` (vLLM, llama.cpp, Ollama, another sluicegate). Set: no engine starts in this "
+        "process, requests go to these servers through the same pipeline.",
+    )
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="Bearer key sent to the upstreams."
+    )
+    upstream_weights: str = Field(
+        default="",
+        description="Comma-separated relative weights, one per upstream URL. Unset: equal.",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="Upstream mode: a tokenizer folder or hub id for the token budget. "
+        "Unset: the upstream's `/tokenize` where it has one, else no budget.",
+    )
+    upstream_max_connections: int = Field(
+        default=1024, ge=1, description="Connections per upstream (each stream holds one)."
+    )
+    upstream_max_keepalive_connections: int = Field(
+        default=256, ge=0, description="Idle connections kept open per upstream."
+    )
+    upstream_keepalive_expiry: float = Field(
+        default=30.0, gt=0, description="Seconds an idle upstream connection is kept."
+    )
+    upstream_http2: bool = Field(default=False, description="Speak HTTP/2 to the upstreams.")
+    upstream_connect_timeout: float = Field(
+        default=5.0, gt=0, description="Seconds to open a connection to an upstream."
+    )
+    upstream_read_timeout: float = Field(
+        default=300.0, gt=0, description="Seconds an upstream may go without sending a byte."
+    )
+    upstream_write_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds to send a request body upstream."
+    )
+    upstream_pool_timeout: float = Field(
+        default=5.0, gt=0, description="Seconds to wait for a free pooled connection."
+    )
+    upstream_max_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a request before its first byte."
+    )
+    upstream_retry_backoff: float = Field(
+        default=0.05, gt=0, description="Base of the exponential backoff (full jitter), s."
+    )
+    upstream_retry_backoff_max: float = Field(
+        default=2.0, gt=0, description="Longest wait between two tries, s."
+    )
+    upstream_retry_budget: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="Retries allowed as a share of requests (0.2: at most 20% more load).",
+    )
+    upstream_breaker_failures: int = Field(
+        default=5, ge=1, description="Consecutive failures that open an upstream's breaker."
+    )
+    upstream_breaker_error_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of failed requests (over the last `upstream_breaker_window`) "
+        "that opens the breaker.",
+    )
+    upstream_breaker_window: int = Field(
+        default=20, ge=2, description="Requests the error ratio is taken over."
+    )
+    upstream_breaker_open_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds an open breaker waits before a trial request."
+    )
+    upstream_health_path: str = Field(
+        default="/v1/models",
+        description="Path probed on each upstream's host (`/health` for vLLM's server).",
+    )
+    upstream_health_interval: float = Field(
+        default=5.0, gt=0, description="Seconds between health probes of each upstream."
+    )
+    upstream_prefix_affinity: bool = Field(
+        default=False,
+        description="Send prompts that start alike to the same upstream (its prefix cache), "
+        "by consistent hashing with bounded load.",
+    )
+    upstream_affinity_chars: int = Field(
+        default=256, ge=16, description="Characters of the prompt's start that pick the upstream."
+    )
+    upstream_affinity_load: float = Field(
+        default=1.25,
+        ge=1,
+        description="Bounded load: an upstream takes affine requests while its in-flight count "
+        "is within this factor of the mean.",
     )
 
     # --- server ----------------------------------------------------------------------
@@ -477,6 +571,14 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("upstream_urls")
+    @classmethod
+    def _upstreams_parse(cls, value: str) -> str:
+        for url in (u.strip() for u in value.split(",")):
+            if url and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?/v1/?", url):
+                raise ValueError(f"{url!r} is not a base URL ending in /v1 (http[s]://host/v1)")
+        return value
+
     @model_validator(mode="after")
     def _check_ranges(self) -> Settings:
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -488,12 +590,34 @@ class Settings(BaseSettings):
             raise ValueError("cache_ttl_min_seconds must not exceed cache_ttl_max_seconds")
         if self.cache_ttl_fast_latency > self.cache_ttl_slow_latency:
             raise ValueError("cache_ttl_fast_latency must not exceed cache_ttl_slow_latency")
+        weights = [w for w in self.upstream_weights.split(",") if w.strip()]
+        urls = [u for u in self.upstream_urls.split(",") if u.strip()]
+        if weights and len(weights) != len(urls):
+            raise ValueError(
+                f"upstream_weights has {len(weights)} values for {len(urls)} upstream_urls"
+            )
+        for weight in weights:
+            try:
+                positive = float(weight) > 0
+            except ValueError:
+                positive = False
+            if not positive:
+                raise ValueError(f"upstream weight {weight.strip()!r} is not a positive number")
         if self.budget_min_completion_tokens >= self.max_model_len:
             raise ValueError(
                 "budget_min_completion_tokens must be below max_model_len "
                 f"({self.budget_min_completion_tokens} >= {self.max_model_len})"
             )
         return self
+
+    @property
+    def upstreams(self) -> list[tuple[str, float]]:
+        """The upstream base URLs (no trailing slash), each with its weight."""
+        urls = [u.strip().rstrip("/") for u in self.upstream_urls.split(",") if u.strip()]
+        weights = [w.strip() for w in self.upstream_weights.split(",") if w.strip()]
+        if not weights:
+            return [(u, 1.0) for u in urls]
+        return list(zip(urls, (float(w) for w in weights), strict=True))
 
     @property
     def cors_origins(self) -> list[str]:

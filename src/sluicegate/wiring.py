@@ -26,6 +26,14 @@ from sluicegate.conversation.store import (
 )
 from sluicegate.engine.model import model_identity, resolve_model, shipped_template
 from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.upstream.config import (
+    AffinityConfig,
+    BreakerConfig,
+    PoolConfig,
+    RetryConfig,
+    UpstreamConfig,
+)
+from sluicegate.engine.upstream.engine import UpstreamEngine
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
 from sluicegate.http.state import Timeouts
 from sluicegate.inference.budget import BudgetPolicy
@@ -159,6 +167,54 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
     )
 
 
+def upstream_config(settings: Settings) -> UpstreamConfig:
+    """Upstream mode's configuration (`SLUICEGATE_UPSTREAM_*`)."""
+    key = settings.upstream_api_key
+    affinity = None
+    if settings.upstream_prefix_affinity:
+        affinity = AffinityConfig(settings.upstream_affinity_chars, settings.upstream_affinity_load)
+    return UpstreamConfig(
+        urls=tuple(settings.upstreams),
+        api_key=None if key is None else key.get_secret_value(),
+        pool=PoolConfig(
+            max_connections=settings.upstream_max_connections,
+            max_keepalive=settings.upstream_max_keepalive_connections,
+            keepalive_expiry=settings.upstream_keepalive_expiry,
+            http2=settings.upstream_http2,
+            connect_timeout=settings.upstream_connect_timeout,
+            read_timeout=settings.upstream_read_timeout,
+            write_timeout=settings.upstream_write_timeout,
+            pool_timeout=settings.upstream_pool_timeout,
+        ),
+        breaker=BreakerConfig(
+            failures=settings.upstream_breaker_failures,
+            error_ratio=settings.upstream_breaker_error_ratio,
+            window=settings.upstream_breaker_window,
+            open_seconds=settings.upstream_breaker_open_seconds,
+        ),
+        retry=RetryConfig(
+            max_retries=settings.upstream_max_retries,
+            backoff=settings.upstream_retry_backoff,
+            backoff_max=settings.upstream_retry_backoff_max,
+            budget=settings.upstream_retry_budget,
+        ),
+        affinity=affinity,
+        health_path=settings.upstream_health_path,
+        health_interval=settings.upstream_health_interval,
+        tokenizer=settings.tokenizer,
+        served_model_name=settings.served_model_name,
+        max_model_len=settings.max_model_len,
+    )
+
+
+def served_model(settings: Settings, engine: EngineClient) -> tuple[str, str]:
+    """The name clients use as `model`, and the model behind it (the card's `root`): in
+    upstream mode, what the upstreams serve unless `SERVED_MODEL_NAME` aliases it."""
+    if isinstance(engine, UpstreamEngine):
+        return settings.served_model_name or engine.model, engine.model
+    return settings.model_name, settings.model or settings.model_name
+
+
 def chat_template(settings: Settings) -> str | None:
     """The template text that replaces the model's own: the setting's file, else for the
     bundled model the shipped one (it renders tools); None keeps the model's."""
@@ -274,18 +330,25 @@ async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> No
         )
 
 
-async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseCache:
+async def open_cache(
+    settings: Settings, client: redis.asyncio.Redis | None, engine: EngineClient
+) -> ResponseCache:
     """The response cache on Redis when there is one (shared by replicas), else in memory."""
     store: CacheStore = (
         MemoryStore(settings.cache_memory_max_bytes)
         if client is None
         else RedisStore(client, op_timeout=settings.cache_redis_timeout)
     )
-    identity = await asyncio.to_thread(
-        model_identity, settings.model, settings.model_cache_dir, settings.revision
-    )
+    name, root = served_model(settings, engine)
+    if isinstance(engine, UpstreamEngine):
+        # The upstreams' own model id: replicas in front of the same fleet share entries.
+        identity = f"upstream:{root}"
+    else:
+        identity = await asyncio.to_thread(
+            model_identity, settings.model, settings.model_cache_dir, settings.revision
+        )
     return ResponseCache(
-        store, TtlPolicy(ttl_rule(settings)), cache_config(settings), settings.model_name, identity
+        store, TtlPolicy(ttl_rule(settings)), cache_config(settings), name, identity
     )
 
 
@@ -305,7 +368,16 @@ def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) 
     )
 
 
-async def start_vllm_engine(settings: Settings) -> EngineClient:
-    """The in-process vLLM engine (the default `engine_factory` of `create_app`)."""
+async def start_engine(settings: Settings) -> EngineClient:
+    """The default `engine_factory` of `create_app`: the upstreams when `UPSTREAM_URLS` is
+    set, else the in-process vLLM engine."""
+    if settings.upstreams:
+        return await UpstreamEngine.start(upstream_config(settings))
     model = resolve_model(settings.model, settings.model_cache_dir)
     return await VLLMEngine.start(engine_config(settings, model))
+
+
+def watches_engine(settings: Settings) -> bool:
+    """Whether the gateway exits when its engine dies. Upstreams come and go on their own:
+    `/ready` says when none is healthy, and the gateway keeps running."""
+    return settings.exit_on_engine_death and not settings.upstreams

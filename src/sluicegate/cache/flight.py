@@ -91,7 +91,7 @@ class Flight:
         cache: ResponseCache,
         key: str,
         expected_choices: int,
-        prompt_tokens: int,
+        prompt_tokens: Callable[[], int],
         store: bool,
         max_entry_bytes: int,
     ) -> None:
@@ -253,7 +253,8 @@ class Flight:
                 collector.add(delta)
         except GatewayError:  # an aborted choice
             return None
-        completion = collector.completion(self._prompt_tokens)
+        # Read at the end: an engine may count the prompt as it runs (an upstream's usage).
+        completion = collector.completion(self._prompt_tokens())
         if len(completion.choices) != self._expected or any(
             c.finish_reason not in STORABLE_FINISH_REASONS for c in completion.choices
         ):

@@ -2,7 +2,9 @@
 
 A key is `<prefix>:cache:v1:<model>:<sha256>`. The digest covers the prompt token ids (the
 messages after the chat template, or the prompt, so JSON key order and whitespace outside
-strings cannot change it), every sampling option with its default filled in (`max_tokens`
+strings cannot change it) or, where no tokenizer gave ids (an upstream without one), the
+messages or text as canonical JSON; for an engine that renders chats itself, the
+`tool_choice` it is sent; every sampling option with its default filled in (`max_tokens`
 after the token budget, `stop`, `seed`, `n`, `logprobs` included), the endpoint, the model's
 identity, and the caller's key id when entries are kept per key.
 """
@@ -15,7 +17,7 @@ import json
 from array import array
 from typing import Literal
 
-from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.engine.protocol import Prompt, SamplingOptions
 
 KEY_VERSION = "v1"
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
@@ -36,7 +38,7 @@ def cache_key(
     model_name: str,
     model_identity: str,
     endpoint: str,
-    prompts: list[list[int]],
+    prompts: list[Prompt],
     options: SamplingOptions,
     namespace: str | None = None,
     shape: object = None,
@@ -57,9 +59,28 @@ def cache_key(
     digest = hashlib.sha256(json.dumps(header, separators=(",", ":")).encode())
     for prompt in prompts:
         # Length first, so prompt boundaries are part of what is hashed.
-        digest.update(len(prompt).to_bytes(4, "little"))
-        digest.update(array("q", prompt).tobytes())
+        digest.update(len(prompt.ids).to_bytes(4, "little"))
+        digest.update(array("q", prompt.ids).tobytes())
+        if prompt.ids and prompt.chat is None:
+            continue
+        described = _described(prompt)
+        digest.update(len(described).to_bytes(4, "little"))
+        digest.update(described)
     return f"{prefix}:cache:{KEY_VERSION}:{model_name}:{digest.hexdigest()}"
+
+
+def _described(prompt: Prompt) -> bytes:
+    """What of the prompt the ids do not say, as canonical JSON: all of it without ids."""
+    chat = prompt.chat
+    described: dict[str, object] = {}
+    if chat is not None:
+        described["choice"] = [chat.tool_choice, chat.parallel_tool_calls]
+        if not prompt.ids:
+            described["messages"] = list(chat.messages)
+            described["tools"] = list(chat.tools or ())
+    elif not prompt.ids:
+        described["text"] = prompt.text
+    return json.dumps(described, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _plain(value: object) -> object:

@@ -225,7 +225,12 @@ class ResponseCache:
     def _new_flight(self, key: str, run: Run, store: bool) -> Flight:
         config = self._config
         return Flight(
-            self, key, run.expected_choices, run.prompt_tokens, store, config.max_entry_bytes
+            self,
+            key,
+            run.expected_choices,
+            lambda: run.prompt_tokens,
+            store,
+            config.max_entry_bytes,
         )
 
     async def _lead(self, key: str, flight: Flight, wait: Waiter[Any]) -> Lookup:

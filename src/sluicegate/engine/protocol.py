@@ -1,7 +1,8 @@
 """The small surface the gateway needs from an inference engine.
 
-The vLLM adapter (`engine.vllm_engine`) implements it; unit tests use a fake. Nothing here
-imports vLLM, so gateway logic can be typed and tested without it.
+Two engines implement it: the in-process vLLM adapter (`engine.vllm_engine`), and remote
+OpenAI-compatible servers (`engine.upstream`); unit tests use a fake. Nothing here imports
+vLLM, so gateway logic can be typed and tested without it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class SamplingOptions:
     """(token id, bias in [-100, 100]) pairs, added to the logits before sampling."""
     prompt_logprobs: int | None = None
     """None: none. k >= 0: each prompt token's logprob plus the top k (completions `echo`)."""
+    max_tokens_given: bool = True
+    """False: `max_tokens` only bounds what the gateway reserves, and the engine decides the
+    length (an upstream whose tokens no budget could count, and no `max_tokens` asked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,35 @@ ChatMessages = Sequence[Mapping[str, Any]]
 has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`."""
 Tools = Sequence[Mapping[str, Any]]
 """Tools as chat templates take them (OpenAI's `{"type": "function", "function": {...}}`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A chat prompt before any template: for engines that render chats themselves."""
+
+    messages: ChatMessages
+    """As fitted by the token budget (older turns may be gone)."""
+    tools: Tools | None = None
+    tool_choice: object = None
+    """OpenAI's `tool_choice` as JSON data; None: not sent."""
+    parallel_tool_calls: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt as the engine receives it."""
+
+    ids: list[int]
+    """Token ids, as the budget fitted them; empty when nothing could count them (an
+    upstream with no tokenizer: `EngineClient.tokenizer` is None)."""
+    chat: ChatPrompt | None = None
+    """The chat, for an engine that renders it itself (`EngineClient.renders_chat`)."""
+    text: str | None = None
+    """A completion prompt's text when it was sent as text and kept whole."""
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
 
 class PromptTokenizer(Protocol):
@@ -215,6 +248,9 @@ class ToolCallParser(Protocol):
     """Finds tool calls in a model's text in the model's own format (`tool_call_parser`)."""
 
     name: str
+    reads_forced: bool
+    """Whether it also reads the calls of `required` and named `tool_choice` (an engine that
+    enforces `tool_choice` itself); otherwise the gateway constrains and reads those."""
 
     def extract(self, text: str, tools: Tools) -> ParsedToolCalls: ...
 
@@ -223,7 +259,16 @@ class ToolCallParser(Protocol):
 
 class EngineClient(Protocol):
     @property
-    def tokenizer(self) -> PromptTokenizer: ...
+    def tokenizer(self) -> PromptTokenizer | None:
+        """The model's tokenizer; None when none is known (an upstream without one): the
+        token budget is then off and token counts come from the engine's usage."""
+        ...
+
+    @property
+    def renders_chat(self) -> bool:
+        """Whether the engine takes chats as messages (`Prompt.chat`) and applies its own
+        template, tool parser and structured outputs, rather than taking token ids."""
+        ...
 
     @property
     def tool_parser(self) -> ToolCallParser | None:
@@ -236,7 +281,7 @@ class EngineClient(Protocol):
     def generate(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         options: SamplingOptions,
         *,
         arrival_time: float,
@@ -247,6 +292,7 @@ class EngineClient(Protocol):
         `arrival_time` (wall clock, `time.time()`) is when the gateway began preparing the
         request: the engine's own latency metrics count from it, as behind vLLM's server.
         `priority` orders the engine's queue under priority scheduling (lower runs first).
+        The last step carries `prompt_tokens` as the engine counted them.
 
         Raises `errors.EngineUnavailableError` when the engine cannot serve, and
         `errors.InvalidRequestError` when it refuses the input.

@@ -36,6 +36,8 @@ def tool_parser_names() -> list[str]:
 class VLLMToolCallParser:
     """`ToolCallParser` over one of vLLM's registered tool parsers."""
 
+    reads_forced = False
+
     def __init__(self, name: str, tokenizer: Any):
         from vllm.tool_parsers import ToolParserManager
 

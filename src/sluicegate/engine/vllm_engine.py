@@ -19,6 +19,7 @@ from sluicegate.engine.protocol import (
     ChoiceDelta,
     EngineStep,
     FinishReason,
+    Prompt,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
@@ -168,13 +169,17 @@ class VLLMEngine:
         return self._tool_parser
 
     @property
+    def renders_chat(self) -> bool:
+        return False
+
+    @property
     def max_model_len(self) -> int:
         return self._max_model_len
 
     async def generate(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         options: SamplingOptions,
         *,
         arrival_time: float,
@@ -188,13 +193,13 @@ class VLLMEngine:
             raise EngineUnavailableError()
         try:
             params = _sampling_params(options)
-            prompt = tokens_input(prompt_token_ids)
+            given = tokens_input(prompt.ids)
             # vLLM's server stamps the arrival before it renders and tokenizes; so do we, or
             # `vllm:time_to_first_token_seconds` would leave out the gateway's share.
-            prompt["arrival_time"] = arrival_time
+            given["arrival_time"] = arrival_time
             # `priority` only orders the queue under SCHEDULING_POLICY=priority; it is 0
             # otherwise (see `quota.share`).
-            stream = self._llm.generate(prompt, params, request_id, priority=priority)
+            stream = self._llm.generate(given, params, request_id, priority=priority)
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
             scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
@@ -273,6 +278,7 @@ def _sampling_params(options: SamplingOptions) -> Any:
         logit_bias=dict(options.logit_bias) or None,
         structured_outputs=_structured_outputs(fields.pop("structured")),
     )
+    del fields["max_tokens_given"]  # the budget always gives this engine its max_tokens
     return SamplingParams(
         **fields,
         output_kind=RequestOutputKind.DELTA,

@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluicegate.http.asgi import header
+from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
 from sluicegate.observability import metrics
 from sluicegate.observability.record import RequestRecord, close_request, open_request
@@ -41,9 +42,12 @@ class TelemetryMiddleware:
     """Sits just inside `RequestIdMiddleware`, so even refusals by the other middleware count."""
 
     def __init__(self, app: ASGIApp, model: str):
+        """`model` labels the inference routes until the lifespan says what is served (in
+        upstream mode, the upstreams' model)."""
         self.app = app
         self.model = model
         self.in_flight = metrics.REQUESTS_IN_FLIGHT.labels(model)
+        self._served = False
         # Requests answered before routing (middleware refusals, cache hits) carry no route;
         # matching them against every route again is a cost on the hottest path.
         self._matched: BoundedLRU[tuple[str, str], str] = BoundedLRU(_MAX_MATCHED)
@@ -77,6 +81,8 @@ class TelemetryMiddleware:
             await send(message)
 
         inference = scope["path"] in INFERENCE_PATHS
+        if not self._served:
+            self._learn_model(scope)
         token = open_request(record)
         if inference:
             self.in_flight.inc()
@@ -90,6 +96,15 @@ class TelemetryMiddleware:
             if inference:
                 self.in_flight.dec()
             self._account(scope, record, response)
+
+    def _learn_model(self, scope: Scope) -> None:
+        state = app_state(scope)
+        if state is None:
+            return
+        self._served = True
+        if state.model_name != self.model:
+            self.model = state.model_name
+            self.in_flight = metrics.REQUESTS_IN_FLIGHT.labels(self.model)
 
     def _account(self, scope: Scope, record: RequestRecord, response: _Response) -> None:
         endpoint = self._endpoint(scope)

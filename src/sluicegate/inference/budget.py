@@ -85,7 +85,10 @@ class BudgetReport:
 class FittedPrompts:
     prompts: list[list[int]]
     max_tokens: int
-    report: BudgetReport
+    report: BudgetReport | None
+    """None: nothing was fitted (no tokenizer)."""
+    messages: ChatMessages | None = None
+    """A chat's messages as fitted (older turns may be gone), for engines that render it."""
 
 
 class TokenBudget:
@@ -113,7 +116,7 @@ class TokenBudget:
         encoding = await self._tokenizer.encode_chat_counted(messages, ids_up_to=limit, tools=tools)
         before = encoding.length
         if before <= limit:
-            return self._fitted([encoding.ids], before, ask)
+            return self._fitted([encoding.ids], before, ask, messages=messages)
         # Truncation off, or the completion alone asking for the whole context: a 400.
         if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
             self._check_fits(before, limit, ask.param)
@@ -133,7 +136,7 @@ class TokenBudget:
                 param="messages",
             )
         dropped = len(messages) - len(result.kept)
-        return self._fitted([result.ids], before, ask, dropped, result.steps)
+        return self._fitted([result.ids], before, ask, dropped, result.steps, result.messages)
 
     async def fit_prompts(
         self,
@@ -195,6 +198,7 @@ class TokenBudget:
         ask: _Ask,
         dropped: int = 0,
         steps: tuple[str, ...] = (),
+        messages: ChatMessages | None = None,
     ) -> FittedPrompts:
         max_tokens, source = self._max_tokens(max(len(p) for p in prompts), ask)
         after = sum(len(p) for p in prompts)
@@ -204,7 +208,7 @@ class TokenBudget:
             BUDGET_DROPPED_TOKENS.inc(before - after)
         if source == "clamped":
             BUDGET_CLAMPED_MAX_TOKENS.inc()
-        return FittedPrompts(prompts, max_tokens, report)
+        return FittedPrompts(prompts, max_tokens, report, messages)
 
     def _max_tokens(self, prompt: int, ask: _Ask) -> tuple[int, MaxTokensSource]:
         """What the completion gets after a (longest) prompt that leaves it its room."""

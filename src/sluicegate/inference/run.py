@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.wire.formats import ResponseFormat
@@ -30,10 +30,10 @@ class Echo:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A request ready for the engine: tokenized prompts plus filled-in sampling options."""
+    """A request ready for the engine: its prompts plus filled-in sampling options."""
 
     id: str
-    prompts: list[list[int]]
+    prompts: list[Prompt]
     options: SamplingOptions
     format: ResponseFormat
     arrival_time: float
@@ -43,6 +43,9 @@ class Run:
     priority: int = 0
     """The engine priority (vLLM runs lower values first; 0 unless scheduling is fair)."""
     echo: Echo | None = None
+    counted: dict[int, int] = field(default_factory=dict)
+    """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does
+    not know (an upstream without a tokenizer); filled in as the run goes."""
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
@@ -52,7 +55,13 @@ class Run:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
+        return sum(len(p.ids) for p in self.prompts) + self.uncounted_prompt_tokens
+
+    @property
+    def uncounted_prompt_tokens(self) -> int:
+        """Prompt tokens only the engine counted: not reserved before the run, so charged
+        with its completion tokens when it ends."""
+        return sum(self.counted.values())
 
     @property
     def expected_choices(self) -> int:

@@ -11,18 +11,21 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sluicegate.engine.protocol import (
+    ChatPrompt,
     ChoiceDelta,
     EngineClient,
     EngineStep,
+    Prompt,
+    PromptTokenizer,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
 )
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
-from sluicegate.inference.budget import BudgetPolicy, TokenBudget
+from sluicegate.inference.budget import BudgetPolicy, FittedPrompts, TokenBudget
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
     ConstraintCheck,
@@ -45,7 +48,8 @@ from sluicegate.wire.tools import ToolSetup
 
 T = TypeVar("T")
 OnEnd = Callable[[int], Awaitable[None]]
-"""Told the completion tokens a run produced, once it has ended."""
+"""Told the tokens a run used beyond what was reserved for its prompt, once it has ended:
+its completion tokens, plus any prompt tokens only the engine counted."""
 
 
 class DeltaSource(Protocol):
@@ -73,7 +77,13 @@ class CompletionService:
         self._limits = limits or RequestLimits()
         self._structured = structured or StructuredLimits()
         self._constraints = ConstraintCheck(engine.check_structured)
-        self._budget = TokenBudget(engine.tokenizer, engine.max_model_len, budget or BudgetPolicy())
+        self._policy = budget or BudgetPolicy()
+        self._tokenizer = engine.tokenizer
+        self._budget = (
+            None
+            if self._tokenizer is None
+            else TokenBudget(self._tokenizer, engine.max_model_len, self._policy)
+        )
         self._text_prefix: int | None = None
 
     # ---- preparing ----------------------------------------------------------------------
@@ -89,17 +99,30 @@ class CompletionService:
         self._limits.check_sequences(1, request.n)
         tools = request.tool_setup(self._limits.tools)
         structured = await self._constraint(request, tools)
-        fitted = await self._budget.fit_chat(
-            request.prompt_messages(),
-            max_tokens=request.completion_limit(),
-            min_tokens=request.min_tokens,
-            truncation=request.truncation,
-            tools=tools.tools,
-        )
+        messages = request.prompt_messages()
+        if self._budget is None:
+            fitted = self._unfitted(request, [[]], messages)
+        else:
+            fitted = await self._budget.fit_chat(
+                messages,
+                max_tokens=request.completion_limit(),
+                min_tokens=request.min_tokens,
+                truncation=request.truncation,
+                tools=tools.tools,
+            )
+        chat = None
+        if self._engine.renders_chat:
+            chat = ChatPrompt(
+                fitted.messages or messages,
+                tools.tools or None,
+                tools.choice() if tools.tools else None,
+                tools.parallel,
+            )
         fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
-        options = self._options(request, fitted.max_tokens, structured)
+        options = self._options(request, fitted, structured)
+        prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
         return Run(
-            fmt.id, fitted.prompts, options, fmt, arrival_time, request.include_usage, fitted.report
+            fmt.id, prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
@@ -113,6 +136,18 @@ class CompletionService:
         self._check_sampling(request)
         self._limits.check_sequences(len(batch), request.n)
         structured = await self._constraint(request)
+        fmt = completion_format(self._model_name, request.include_usage)
+        if self._budget is None:
+            if request.echo:
+                raise InvalidRequestError(
+                    "echo needs the model's tokenizer, which this gateway does not have "
+                    "(set SLUICEGATE_TOKENIZER).",
+                    param="echo",
+                )
+            fitted = self._unfitted(request, [p if isinstance(p, list) else [] for p in batch])
+            prompts = [Prompt(p) if isinstance(p, list) else Prompt([], text=p) for p in batch]
+            options = self._options(request, fitted, structured)
+            return Run(fmt.id, prompts, options, fmt, arrival_time, request.include_usage)
         as_text = isinstance(batch[0], str)
         encoded = [await self._encode_prompt(p, request.truncation) for p in batch]
         fitted = await self._budget.fit_prompts(
@@ -124,14 +159,18 @@ class CompletionService:
             # Text prompts keep the special tokens the tokenizer puts first (a BOS).
             keep_prefix=await self._text_prefix_length() if as_text else 0,
         )
-        fmt = completion_format(self._model_name, request.include_usage)
-        options = self._options(request, fitted.max_tokens, structured)
+        options = self._options(request, fitted, structured)
         echo = None
         if request.echo:
             echo = await self._echo(batch, encoded, fitted.prompts, request.scores_only)
+        # Text kept whole goes as text, for an engine that tokenizes it itself.
+        prompts = [
+            Prompt(ids, text=sent if isinstance(sent, str) and ids is given else None)
+            for sent, given, ids in zip(batch, encoded, fitted.prompts, strict=True)
+        ]
         return Run(
             fmt.id,
-            fitted.prompts,
+            prompts,
             options,
             fmt,
             arrival_time,
@@ -149,15 +188,12 @@ class CompletionService:
     ) -> Echo:
         """What `echo` puts first: the prompt text as sent (as vLLM's server does), or the
         ids the engine gets, detokenized, when they were sent as ids or cut to fit."""
-        tokenizer = self._engine.tokenizer
+        tokenizer = self._counting()
+        budget = self._counted_budget()
         texts: list[str] = []
         for sent, ids, kept in zip(batch, encoded, fitted, strict=True):
             # Cut before tokenizing (too many characters), or after (too many tokens)?
-            if (
-                isinstance(sent, str)
-                and kept is ids
-                and self._budget.bound_text(sent, "auto") is sent
-            ):
+            if isinstance(sent, str) and kept is ids and budget.bound_text(sent, "auto") is sent:
                 texts.append(sent)
             else:
                 texts.append(await tokenizer.decode(kept))
@@ -167,8 +203,30 @@ class CompletionService:
     async def _text_prefix_length(self) -> int:
         """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""
         if self._text_prefix is None:
-            self._text_prefix = len(await self._engine.tokenizer.encode(""))
+            self._text_prefix = len(await self._counting().encode(""))
         return self._text_prefix
+
+    def _counting(self) -> PromptTokenizer:
+        """The tokenizer, on paths that only run with the token budget on."""
+        assert self._tokenizer is not None
+        return self._tokenizer
+
+    def _counted_budget(self) -> TokenBudget:
+        assert self._budget is not None
+        return self._budget
+
+    def _unfitted(
+        self,
+        request: SamplingRequest,
+        prompts: list[list[int]],
+        messages: list[dict[str, Any]] | None = None,
+    ) -> FittedPrompts:
+        """With no tokenizer, nothing is fitted: the engine gets the prompts as they are and
+        decides the length unless the client did. `max_tokens` then only bounds what the
+        rate limits reserve."""
+        asked = request.completion_limit()
+        limit = self._policy.default_max_tokens if asked is None else asked
+        return FittedPrompts(prompts, max(limit, request.min_tokens), None, messages)
 
     def _check_model(self, model: str) -> None:
         if model != self._model_name:
@@ -181,9 +239,9 @@ class CompletionService:
         self, prompt: str | list[int], truncation: Truncation | None
     ) -> list[int]:
         """A text prompt's token ids, or given ids once checked against the vocabulary."""
-        tokenizer = self._engine.tokenizer
+        tokenizer = self._counting()
         if isinstance(prompt, str):
-            return await tokenizer.encode(self._budget.bound_text(prompt, truncation))
+            return await tokenizer.encode(self._counted_budget().bound_text(prompt, truncation))
         vocab = tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
@@ -217,8 +275,9 @@ class CompletionService:
                 f"Stop sequences must be at most {limits.max_stop_length} characters long.",
                 param="stop",
             )
-        vocab = self._engine.tokenizer.vocab_size
-        outside = [i for i, _ in request.logit_bias_pairs() if i >= vocab]
+        # Without a tokenizer the engine (an upstream) checks the ids itself.
+        vocab = self._tokenizer.vocab_size if self._tokenizer is not None else None
+        outside = [i for i, _ in request.logit_bias_pairs() if vocab is not None and i >= vocab]
         if outside:
             raise InvalidRequestError(
                 f"logit_bias token ids must be in [0, {vocab}); {outside[0]} is not.",
@@ -241,7 +300,9 @@ class CompletionService:
         requested = requested_constraint(request, self._structured)
         if tools is not None:
             await self._constraints.check_tools(tools)
-            if (schema := tools.forced_schema()) is not None:
+            # An engine that renders chats enforces `tool_choice` itself.
+            forced = None if self._engine.renders_chat else tools.forced_schema()
+            if (schema := forced) is not None:
                 requested = forced_tool_call(schema, self._structured)
         if requested is None:
             return None
@@ -251,12 +312,13 @@ class CompletionService:
     def _options(
         self,
         request: SamplingRequest,
-        max_tokens: int,
+        fitted: FittedPrompts,
         structured: StructuredOutput | None = None,
     ) -> SamplingOptions:
-        """The engine's sampling options; `max_tokens` is what the token budget gave."""
+        """The engine's sampling options, with the max_tokens the token budget gave."""
         return SamplingOptions(
-            max_tokens=max_tokens,
+            max_tokens=fitted.max_tokens,
+            max_tokens_given=fitted.report is not None or request.completion_limit() is not None,
             temperature=_or(request.temperature, 1.0),
             top_p=_or(request.top_p, 1.0),
             top_k=_or(request.top_k, 0),
@@ -315,7 +377,8 @@ class CompletionService:
                     collector.add(delta)
         finally:
             if on_end is not None:
-                await on_end(collector.completion(run.prompt_tokens).completion_tokens)
+                produced = collector.completion(run.prompt_tokens).completion_tokens
+                await on_end(produced + run.uncounted_prompt_tokens)
         return collector.completion(run.prompt_tokens)
 
     def stream(
@@ -356,10 +419,12 @@ class CompletionService:
                 ) as steps:
                     async for step in steps:
                         telemetry.step(0, step)
+                        _count_prompt(run, 0, step)
                         yield 0, step
                 return
             async for prompt_index, step in _merge(self._engine, run):
                 telemetry.step(prompt_index, step)
+                _count_prompt(run, prompt_index, step)
                 yield prompt_index, step
 
 
@@ -423,7 +488,8 @@ async def _events(
     finally:
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:
-            await on_end(writer.completion(run.prompt_tokens).completion_tokens)
+            produced = writer.completion(run.prompt_tokens).completion_tokens
+            await on_end(produced + run.uncounted_prompt_tokens)
 
 
 async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
@@ -461,6 +527,12 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, Eng
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _count_prompt(run: Run, prompt_index: int, step: EngineStep) -> None:
+    """Keep the engine's count of a prompt whose ids the gateway does not know."""
+    if step.prompt_tokens and not run.prompts[prompt_index].ids:
+        run.counted[prompt_index] = step.prompt_tokens
 
 
 def _or(value: T | None, default: T) -> T:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, EngineClient
+from sluicegate.engine.protocol import MAX_TOKEN_CHARS, EngineClient, PromptTokenizer
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.wire.tokenize import DetokenizeRequest, TokenizeRequest
 
@@ -22,7 +22,7 @@ class TokenizationService:
     async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         """vLLM's `TokenizeResponse`: count, max_model_len, tokens, token_strs."""
         self._check_model(request.model)
-        tokenizer = self._engine.tokenizer
+        tokenizer = self._tokenizer()
         if request.messages is not None:
             param = "messages"
             text = await tokenizer.render_chat(
@@ -46,7 +46,7 @@ class TokenizationService:
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, str]:
         """vLLM's `DetokenizeResponse`: the ids' text, special tokens kept."""
         self._check_model(request.model)
-        tokenizer = self._engine.tokenizer
+        tokenizer = self._tokenizer()
         vocab = tokenizer.vocab_size
         outside = next((t for t in request.tokens if t >= vocab), None)
         if outside is not None:
@@ -54,6 +54,15 @@ class TokenizationService:
                 f"token ids must be in [0, {vocab}); {outside} is not.", param="tokens"
             )
         return {"prompt": await tokenizer.decode(request.tokens)}
+
+    def _tokenizer(self) -> PromptTokenizer:
+        tokenizer = self._engine.tokenizer
+        if tokenizer is None:
+            raise InvalidRequestError(
+                "This gateway has no tokenizer for its model: its upstream has no /tokenize "
+                "and SLUICEGATE_TOKENIZER is not set."
+            )
+        return tokenizer
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self._model_name:

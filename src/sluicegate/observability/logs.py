@@ -103,6 +103,9 @@ def configure_logging(level: str, log_format: LogFormat = "plain") -> None:
     writer.start()
     atexit.register(writer.stop)
     logging.basicConfig(level=level.upper(), handlers=[_CollectingHandler(writer)], force=True)
+    # httpx logs every upstream request at INFO: the access line already says what matters.
+    for quiet in ("httpx", "httpcore"):
+        logging.getLogger(quiet).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 FLUSH_INTERVAL = 0.05

@@ -213,6 +213,59 @@ STRUCTURED_OUTPUT_CHECK_SECONDS = Histogram(
 )
 
 
+# ---- upstream mode (engine.upstream) ----------------------------------------------------------
+# `upstream` is the configured base URL without credentials: a bounded label set.
+UPSTREAM_REQUESTS = Counter(
+    "sluicegate_upstream_requests_total",
+    "Requests sent to each upstream, by outcome: ok, client_error (a 4xx other than 429 "
+    "that is passed on), rate_limited (429), server_error (5xx), connect_error, reset (the "
+    "connection dropped), timeout, stream_error (failed after output began), cancelled "
+    "(the client left).",
+    ["upstream", "outcome"],
+)
+UPSTREAM_FIRST_BYTE_SECONDS = Histogram(
+    "sluicegate_upstream_first_byte_seconds",
+    "Time from sending a request to an upstream to its first output event.",
+    ["upstream"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+UPSTREAM_RETRIES = Counter(
+    "sluicegate_upstream_retries_total",
+    "Requests tried again after failing on this upstream before any output, by reason.",
+    ["upstream", "reason"],
+)
+UPSTREAM_RETRIES_DENIED = Counter(
+    "sluicegate_upstream_retries_denied_total",
+    "Retries not made because the retry budget was spent.",
+)
+UPSTREAM_BREAKER_STATE = Gauge(
+    "sluicegate_upstream_breaker_state",
+    "Each upstream's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    ["upstream"],
+)
+UPSTREAM_HEALTHY = Gauge(
+    "sluicegate_upstream_healthy",
+    "1 while the upstream's last health probe succeeded.",
+    ["upstream"],
+)
+UPSTREAM_IN_FLIGHT = Gauge(
+    "sluicegate_upstream_in_flight",
+    "Requests in flight to each upstream.",
+    ["upstream"],
+)
+UPSTREAM_OUTCOMES = (
+    "ok",
+    "client_error",
+    "rate_limited",
+    "server_error",
+    "connect_error",
+    "reset",
+    "timeout",
+    "stream_error",
+    "cancelled",
+)
+
+
 # ---- logs ----------------------------------------------------------------------------------
 class _LogRecordsDropped(Collector):
     """Read at scrape time from `observability.logs`, which must not import prometheus_client:

@@ -304,6 +304,8 @@ class TextStream(ToolStream):
 
 
 def tool_stream(setup: ToolSetup, parser: ToolCallParser | None) -> ToolStream:
+    if setup.mode != "none" and parser is not None and parser.reads_forced:
+        return AutoStream(parser, setup)
     if setup.mode == "required":
         return CallScanner()
     if setup.mode == "named" and setup.function is not None:

@@ -98,6 +98,12 @@ class ToolSetup:
         for tool, param in zip(self.tools, self.params, strict=True):
             check_parameters(tool["function"].get("parameters"), param)
 
+    def choice(self) -> str | dict[str, Any]:
+        """`tool_choice` as OpenAI's wire has it, for a server that applies it itself."""
+        if self.mode == "named":
+            return {"type": "function", "function": {"name": self.function}}
+        return self.mode
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(t["function"]["name"] for t in self.tools)

@@ -13,7 +13,13 @@ import httpx
 import pytest
 
 from sluicegate.cache import entry as entry_module
-from sluicegate.engine.protocol import ChoiceDelta, EngineStep, SamplingOptions, TokenLogprob
+from sluicegate.engine.protocol import (
+    ChoiceDelta,
+    EngineStep,
+    Prompt,
+    SamplingOptions,
+    TokenLogprob,
+)
 from sluicegate.inference.service import CompletionService
 from sluicegate.wire.requests import ChatCompletionRequest
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
@@ -38,13 +44,13 @@ class LogprobEngine(FakeEngine):
     async def generate(  # type: ignore[override]
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         options: SamplingOptions,
         *,
         arrival_time: float,
         priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
-        self.requests.append((request_id, prompt_token_ids, options))
+        self.requests.append((request_id, prompt.ids, options))
         for i in range(TOKENS):
             if i in self.pause_at:
                 self.go_on.clear()
@@ -58,7 +64,7 @@ class LogprobEngine(FakeEngine):
             delta = ChoiceDelta(
                 0, f" w{i}", 1, "length" if last else None, [TokenLogprob(f" w{i}", -0.5, top)]
             )
-            yield EngineStep([delta], prompt_tokens=len(prompt_token_ids), finished=last)
+            yield EngineStep([delta], prompt_tokens=len(prompt.ids), finished=last)
 
 
 def chat(**extra: Any) -> dict[str, Any]:

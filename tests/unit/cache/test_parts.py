@@ -13,6 +13,7 @@ from sluicegate.cache.store import MemoryStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
 from sluicegate.engine.protocol import (
     ChoiceDelta,
+    Prompt,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
@@ -30,7 +31,7 @@ def key(
     identity: str = "model@sha256:1",
     namespace: str | None = None,
 ) -> str:
-    return cache_key("p", "m", identity, endpoint, prompts, options, namespace)
+    return cache_key("p", "m", identity, endpoint, [Prompt(p) for p in prompts], options, namespace)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,7 @@ def test_every_sampling_option_changes_the_key() -> None:
         "structured": StructuredOutput(json='{"type":"object"}'),
         "logit_bias": ((5, -100.0),),
         "prompt_logprobs": 0,
+        "max_tokens_given": False,
     }
     assert set(changed) == {f.name for f in dataclasses.fields(SamplingOptions)}
     keys = {key(dataclasses.replace(GREEDY, **{name: value})) for name, value in changed.items()}

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from sluicegate.engine.protocol import EngineStep, SamplingOptions
+from sluicegate.engine.protocol import EngineStep, Prompt, SamplingOptions
 from sluicegate.errors import EngineUnavailableError
 from sluicegate.observability.metrics import (
     CACHE_STAMPEDE_FOLLOWERS,
@@ -235,7 +235,7 @@ class FailsFirst(FakeEngine):
     async def generate(  # type: ignore[override]
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         options: SamplingOptions,
         *,
         arrival_time: float,
@@ -243,7 +243,7 @@ class FailsFirst(FakeEngine):
     ) -> AsyncIterator[EngineStep]:
         first = not self.requests
         steps = super().generate(
-            request_id, prompt_token_ids, options, arrival_time=arrival_time, priority=priority
+            request_id, prompt, options, arrival_time=arrival_time, priority=priority
         )
         async for step in steps:
             yield step

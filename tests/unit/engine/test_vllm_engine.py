@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sluicegate.engine.protocol import SamplingOptions
+from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.engine.vllm_engine import VLLMEngine
 
 
@@ -40,7 +40,8 @@ async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> 
     engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
     options = SamplingOptions(max_tokens=1, temperature=0.0)
     steps = [
-        step async for step in engine.generate("req-1", [1, 2, 3], options, arrival_time=123.5)
+        step
+        async for step in engine.generate("req-1", Prompt([1, 2, 3]), options, arrival_time=123.5)
     ]
     assert [c.text for c in steps[0].choices] == ["Hi"] and steps[0].finished
     prompt, params, request_id = llm.calls[0]
@@ -57,7 +58,7 @@ async def test_the_priority_goes_to_vllm() -> None:
     engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
     options = SamplingOptions(max_tokens=1)
     for priority in (0, 3):
-        steps = engine.generate("req", [1], options, arrival_time=1.0, priority=priority)
+        steps = engine.generate("req", Prompt([1]), options, arrival_time=1.0, priority=priority)
         assert [step.finished async for step in steps] == [True]
     assert llm.priorities == [0, 3]
 
@@ -170,7 +171,9 @@ async def test_prompt_logprobs_and_logit_bias_go_through_in_order() -> None:
     llm = PromptScoringLLM()
     engine = VLLMEngine(llm, tokenizer=None, max_model_len=64)  # type: ignore[arg-type]
     options = SamplingOptions(max_tokens=1, prompt_logprobs=1, logit_bias=((3, -100.0),))
-    steps = [step async for step in engine.generate("r", [5, 6, 7], options, arrival_time=1.0)]
+    steps = [
+        step async for step in engine.generate("r", Prompt([5, 6, 7]), options, arrival_time=1.0)
+    ]
     assert (llm.params.prompt_logprobs, llm.params.logit_bias) == (1, {3: -100.0})
     scored = [entry for step in steps for entry in step.prompt_logprobs or []]
     assert scored[0] is None

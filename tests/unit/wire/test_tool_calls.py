@@ -87,6 +87,7 @@ class FakeParser:
     """A stand-in for a tool parser (not vLLM's): calls are `CALL name {json}` lines."""
 
     name = "fake"
+    reads_forced = False
 
     def extract(self, text: str, tools: Tools) -> ParsedToolCalls:
         if "CALL " not in text:

@@ -1,0 +1,98 @@
+"""A circuit breaker per upstream: closed, open, half-open.
+
+Closed: requests flow; the breaker opens after `failures` consecutive failures, or when the
+last `window` outcomes hold at least `error_ratio` failures. Open: no request is sent until
+`open_seconds` have passed. Half-open: one trial request at a time; its success closes the
+breaker, its failure opens it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Literal
+
+from sluicegate.engine.upstream.config import BreakerConfig
+
+BreakerState = Literal["closed", "open", "half_open"]
+STATE_VALUES: dict[BreakerState, int] = {"closed": 0, "open": 1, "half_open": 2}
+
+
+class Breaker:
+    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._outcomes: deque[bool] = deque(maxlen=config.window)
+        self._failures = 0
+        self._consecutive = 0
+        self._opened_at = 0.0
+        self._open = False
+        self._trial = False
+
+    @property
+    def state(self) -> BreakerState:
+        if not self._open:
+            return "closed"
+        if self._clock() - self._opened_at >= self._config.open_seconds:
+            return "half_open"
+        return "open"
+
+    def value(self) -> float:
+        """The state as a number (the breaker-state gauge)."""
+        return STATE_VALUES[self.state]
+
+    def available(self) -> bool:
+        """Whether a request may be sent now (without taking the half-open trial)."""
+        state = self.state
+        return state == "closed" or (state == "half_open" and not self._trial)
+
+    def acquire(self) -> bool:
+        """Take the right to send one request; in half-open, the one trial."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "half_open" and not self._trial:
+            self._trial = True
+            return True
+        return False
+
+    def success(self) -> None:
+        if self._open:
+            self._close()
+        self._record(False)
+        self._consecutive = 0
+
+    def failure(self) -> None:
+        if self._open:
+            self._trip()  # the trial failed (or a request sent before it opened)
+            return
+        self._record(True)
+        self._consecutive += 1
+        config = self._config
+        full = len(self._outcomes) == config.window
+        if self._consecutive >= config.failures or (
+            full and self._failures >= config.error_ratio * config.window
+        ):
+            self._trip()
+
+    def release(self) -> None:
+        """A request that ended neither way (the client left): free the trial."""
+        self._trial = False
+
+    def _record(self, failed: bool) -> None:
+        if len(self._outcomes) == self._config.window and self._outcomes[0]:
+            self._failures -= 1
+        self._outcomes.append(failed)
+        self._failures += failed
+
+    def _trip(self) -> None:
+        self._open = True
+        self._trial = False
+        self._opened_at = self._clock()
+
+    def _close(self) -> None:
+        self._open = False
+        self._trial = False
+        self._outcomes.clear()
+        self._failures = 0

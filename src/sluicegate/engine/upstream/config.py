@@ -1,0 +1,69 @@
+"""What upstream mode is configured with (built from `Settings` in `wiring`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One upstream's connection pool and timeouts (httpx's `Limits` and `Timeout`)."""
+
+    max_connections: int = 1024
+    max_keepalive: int = 256
+    keepalive_expiry: float = 30.0
+    http2: bool = False
+    connect_timeout: float = 5.0
+    read_timeout: float = 300.0
+    write_timeout: float = 30.0
+    pool_timeout: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failures: int = 5
+    """Consecutive failures that open the breaker."""
+    error_ratio: float = 0.5
+    """Share of failures over the last `window` outcomes that opens it."""
+    window: int = 20
+    open_seconds: float = 5.0
+    """How long an open breaker refuses before it lets one trial request through."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    max_retries: int = 2
+    backoff: float = 0.05
+    """Base of the exponential backoff: try k waits uniform(0, min(max, backoff × 2^k))."""
+    backoff_max: float = 2.0
+    budget: float = 0.2
+    """Retries as a share of requests."""
+    burst: int = 10
+    """Retries the budget allows before any request has paid into it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityConfig:
+    chars: int = 256
+    """Characters of the prompt's start that are hashed."""
+    load_factor: float = 1.25
+    """Bounded load: an upstream takes an affine request while its in-flight count stays
+    within this factor of its weighted share of all in-flight requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    urls: tuple[tuple[str, float], ...]
+    """Base URLs ending in /v1, each with its weight."""
+    api_key: str | None = None
+    pool: PoolConfig = PoolConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    retry: RetryConfig = RetryConfig()
+    affinity: AffinityConfig | None = None
+    health_path: str = "/v1/models"
+    health_interval: float = 5.0
+    tokenizer: str | None = None
+    """A local tokenizer (folder or hub id); None: the upstream's `/tokenize`, if any."""
+    served_model_name: str | None = None
+    max_model_len: int = 2048
+    """The context length when the upstream does not say (vLLM's `/v1/models` does)."""

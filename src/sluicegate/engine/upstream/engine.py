@@ -1,0 +1,518 @@
+"""`UpstreamEngine`: the engine protocol over remote OpenAI-compatible servers.
+
+A request goes to the upstream the balancer picks, streamed. Until its first output event
+has been passed on, a failure (connect error, reset, 429, 502, 503, 504) is retried after a
+backoff with full jitter, on another upstream when there is one, within the retry budget;
+`Retry-After` keeps the upstream out of the pick for that long. Once output has been passed
+on, a failure ends the response with an error (the stream layer sends an error event, then
+`[DONE]`): a retry would repeat or contradict what the client already has. Closing the step
+iterator (the client left) closes the upstream response, and with it the connection, at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from sluicegate.engine.protocol import (
+    EngineStep,
+    Prompt,
+    PromptTokenizer,
+    SamplingOptions,
+    StructuredOutput,
+    ToolCallParser,
+)
+from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.engine.upstream.balancer import Balancer
+from sluicegate.engine.upstream.config import UpstreamConfig
+from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
+from sluicegate.engine.upstream.server import Upstream
+from sluicegate.engine.upstream.tokenizer import RemoteTokenizer
+from sluicegate.engine.upstream.tool_calls import UpstreamToolParser
+from sluicegate.engine.upstream.wire import StreamReader, UpstreamStreamError, request_body
+from sluicegate.errors import (
+    BadGatewayError,
+    DeadlineExceededError,
+    EngineUnavailableError,
+    GatewayError,
+    RateLimitError,
+    error_for_status,
+)
+from sluicegate.observability import metrics
+
+logger = logging.getLogger(__name__)
+
+_ERROR_BODY_BYTES = 64 * 1024
+_HEALTH_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """Why a try failed before any output; `error` is what the client gets if it is the last."""
+
+    outcome: str
+    error: GatewayError
+    retryable: bool
+    wait: float | None = None
+    """The upstream's Retry-After, in seconds."""
+
+
+class UpstreamEngine:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        upstreams: Sequence[Upstream],
+        model: str,
+        max_model_len: int,
+        tokenizer: PromptTokenizer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._config = config
+        self._upstreams = list(upstreams)
+        self._balancer = Balancer(self._upstreams, config.affinity, rng)
+        self._budget = RetryBudget(config.retry)
+        self._rng = rng or random.Random()
+        self._tokenizer = tokenizer
+        self._parser = UpstreamToolParser()
+        self.model = model
+        """The model id the upstreams serve (their `/v1/models`)."""
+        self._max_model_len = max_model_len
+        self._health: asyncio.Task[None] | None = None
+        for upstream in self._upstreams:
+            label = upstream.label
+            for outcome in metrics.UPSTREAM_OUTCOMES:
+                metrics.UPSTREAM_REQUESTS.labels(label, outcome)
+            metrics.UPSTREAM_HEALTHY.labels(label).set(1)
+            metrics.UPSTREAM_IN_FLIGHT.labels(label).set(0)
+            metrics.UPSTREAM_BREAKER_STATE.labels(label).set_function(upstream.breaker.value)
+
+    @classmethod
+    async def start(
+        cls,
+        config: UpstreamConfig,
+        wait: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> UpstreamEngine:
+        """Open a pool per upstream, learn the model from the first `/v1/models` that answers
+        (within `wait` seconds), find a tokenizer, and start the health probes."""
+        upstreams = [
+            Upstream(url, weight, config.pool, config.breaker, config.api_key, transport)
+            for url, weight in config.urls
+        ]
+        try:
+            found, card = await _discover(upstreams, wait)
+            model = str(card["id"])
+            max_model_len = int(card.get("max_model_len") or config.max_model_len)
+            tokenizer = await _tokenizer(config, found, model)
+        except BaseException:
+            for upstream in upstreams:
+                await upstream.close()
+            raise
+        engine = cls(config, upstreams, model, max_model_len, tokenizer)
+        engine.watch_health()
+        return engine
+
+    # ---- the protocol -----------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> PromptTokenizer | None:
+        return self._tokenizer
+
+    @property
+    def tool_parser(self) -> ToolCallParser:
+        return self._parser
+
+    @property
+    def renders_chat(self) -> bool:
+        return True
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        return self._upstreams
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        options: SamplingOptions,
+        *,
+        arrival_time: float,
+        priority: int = 0,
+    ) -> AsyncGenerator[EngineStep, None]:
+        path, body = request_body(self.model, prompt, options, options.max_tokens_given)
+        if priority:
+            body["priority"] = priority
+        headers = {"X-Request-Id": request_id}
+        self._budget.deposit()
+        tried: set[int] = set()
+        attempt = 0
+        while True:
+            index = self._balancer.pick(_affinity_key(prompt), tried)
+            if index is None or not self._upstreams[index].breaker.acquire():
+                if index is None or len(tried | {index}) >= len(self._upstreams):
+                    raise EngineUnavailableError("No upstream is available.")
+                tried.add(index)
+                continue
+            tried.add(index)
+            exchange = _Exchange(self._upstreams[index], StreamReader(choices=options.n))
+            try:
+                first = await self._open(exchange, path, body, headers)
+            except _TryFailed as failed:
+                await self._end(exchange)
+                delay = self._retry_delay(exchange.upstream, failed.failure, attempt, tried)
+                if delay is None:
+                    raise failed.failure.error from None
+                metrics.UPSTREAM_RETRIES.labels(
+                    exchange.upstream.label, failed.failure.outcome
+                ).inc()
+                attempt += 1
+                await asyncio.sleep(delay)
+                continue
+            except BaseException as exc:
+                exchange.upstream.breaker.release()
+                if isinstance(exc, asyncio.CancelledError):
+                    _count(exchange.upstream.label, "cancelled")
+                await self._end(exchange)
+                raise
+            # Output has begun: from here on, what fails ends the response.
+            async with contextlib.aclosing(self._rest(exchange, first)) as steps:
+                async for step in steps:
+                    yield step
+            return
+
+    async def check_structured(self, structured: StructuredOutput) -> None:
+        """The upstream checks its constraints itself; its refusal is a 400 from it."""
+
+    async def check_health(self) -> None:
+        if not any(u.healthy for u in self._upstreams):
+            raise EngineUnavailableError("No upstream is healthy.")
+
+    async def shutdown(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+        for upstream in self._upstreams:
+            await upstream.close()
+
+    # ---- one try ----------------------------------------------------------------------------
+
+    async def _open(
+        self, exchange: _Exchange, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> EngineStep:
+        """Send the request and read up to its first step; `_TryFailed` if it fails first."""
+        upstream = exchange.upstream
+        label = upstream.label
+        upstream.in_flight += 1
+        metrics.UPSTREAM_IN_FLIGHT.labels(label).inc()
+        sent = time.perf_counter()
+        try:
+            request = upstream.client.build_request("POST", path, json=body, headers=headers)
+            exchange.response = await upstream.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
+                raise self._failed(upstream, "connect_error", error, retryable=True) from exc
+            error = DeadlineExceededError(f"The upstream {label} did not answer in time.")
+            raise self._failed(upstream, "timeout", error, retryable=False) from exc
+        except httpx.ConnectError as exc:
+            error = BadGatewayError(f"Could not connect to the upstream {label}.")
+            raise self._failed(upstream, "connect_error", error, retryable=True) from exc
+        except httpx.TransportError as exc:
+            error = BadGatewayError(f"The upstream {label} closed the connection.")
+            raise self._failed(upstream, "reset", error, retryable=True) from exc
+        if exchange.response.status_code != 200:
+            await self._refused(upstream, exchange.response)
+        exchange.events = self._events(exchange.reader, exchange.response)
+        try:
+            first = await anext(exchange.events)
+        except StopAsyncIteration:
+            first = exchange.reader.finish()  # a stream without output
+        except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
+            reset = isinstance(exc, httpx.TransportError)
+            error = BadGatewayError(f"The upstream {label} failed before answering: {exc}")
+            raise self._failed(
+                upstream, "reset" if reset else "stream_error", error, retryable=reset
+            ) from exc
+        metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
+        return first
+
+    async def _rest(
+        self, exchange: _Exchange, first: EngineStep
+    ) -> AsyncGenerator[EngineStep, None]:
+        """The first step, then the rest; the exchange is ended however this ends."""
+        upstream, reader = exchange.upstream, exchange.reader
+        outcome = "cancelled"
+        try:
+            yield first
+            if first.finished:
+                outcome = "ok"
+                upstream.breaker.success()
+                return
+            assert exchange.events is not None
+            async for step in exchange.events:
+                yield step
+            if not reader.done and reader.usage is None:
+                raise UpstreamStreamError({"message": "the stream ended before [DONE]"})
+            outcome = "ok"
+            upstream.breaker.success()
+            yield reader.finish()
+        except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
+            outcome = "stream_error"
+            upstream.breaker.failure()
+            raise BadGatewayError(
+                f"The upstream {upstream.label} failed while answering: {exc}",
+                code="upstream_stream_error",
+            ) from exc
+        finally:
+            if outcome == "cancelled":
+                upstream.breaker.release()
+            _count(upstream.label, outcome)
+            await self._end(exchange)
+
+    async def _events(
+        self, reader: StreamReader, response: httpx.Response
+    ) -> AsyncGenerator[EngineStep, None]:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            step = reader.feed(line[5:].strip())
+            if step is not None:
+                yield step
+            if reader.done:
+                return
+
+    async def _end(self, exchange: _Exchange) -> None:
+        upstream = exchange.upstream
+        upstream.in_flight -= 1
+        metrics.UPSTREAM_IN_FLIGHT.labels(upstream.label).dec()
+        if exchange.events is not None:
+            await exchange.events.aclose()
+        if exchange.response is not None:
+            # Unread: the connection is closed, which aborts the request upstream.
+            await exchange.response.aclose()
+
+    async def _refused(self, upstream: Upstream, response: httpx.Response) -> None:
+        """A non-200 answer: a failure to retry, or the upstream's refusal to pass on."""
+        status = response.status_code
+        raw = b""
+        async for chunk in response.aiter_bytes():
+            raw += chunk
+            if len(raw) > _ERROR_BODY_BYTES:
+                break
+        message, param, code = _error_fields(raw)
+        wait = retry_after(response.headers.get("retry-after"))
+        label = upstream.label
+        if status in RETRY_STATUSES:
+            headers = {} if wait is None else {"retry-after": str(max(1, round(wait)))}
+            error: GatewayError
+            if status == 429:
+                error = RateLimitError(message or "The upstream is rate limiting.", headers=headers)
+            elif status == 503:
+                error = EngineUnavailableError(
+                    message or f"The upstream {label} is unavailable.", headers=headers
+                )
+            else:
+                error = BadGatewayError(message or f"The upstream {label} answered {status}.")
+            outcome = "rate_limited" if status == 429 else "server_error"
+            raise self._failed(upstream, outcome, error, retryable=True, wait=wait)
+        if status >= 500:
+            raise self._failed(
+                upstream,
+                "server_error",
+                BadGatewayError(message or f"The upstream {label} answered {status}."),
+                retryable=False,
+            )
+        # The upstream works and refused the request: its words, its status.
+        upstream.breaker.success()
+        _count(label, "client_error")
+        refusal = error_for_status(status, message or f"The upstream answered {status}.")
+        refusal.param, refusal.code = param, code or refusal.code
+        raise refusal
+
+    def _failed(
+        self,
+        upstream: Upstream,
+        outcome: str,
+        error: GatewayError,
+        retryable: bool,
+        wait: float | None = None,
+    ) -> _TryFailed:
+        if outcome == "rate_limited":
+            upstream.breaker.release()  # busy, not broken
+        else:
+            upstream.breaker.failure()
+        _count(upstream.label, outcome)
+        if wait is not None:
+            upstream.not_before = time.monotonic() + wait
+        return _TryFailed(_Failure(outcome, error, retryable, wait))
+
+    def _retry_delay(
+        self, upstream: Upstream, failure: _Failure, attempt: int, tried: set[int]
+    ) -> float | None:
+        """How long to wait before the next try, or None to give up."""
+        config = self._config.retry
+        if not failure.retryable or attempt >= config.max_retries:
+            return None
+        if not self._budget.withdraw():
+            metrics.UPSTREAM_RETRIES_DENIED.inc()
+            return None
+        delay = backoff(config, attempt, self._rng)
+        others = self._balancer.pick(None, tried)
+        if failure.wait is not None and (others is None or others in tried):
+            # Only the upstream that asked us to wait is left: wait as asked, if not too long.
+            if failure.wait > config.backoff_max:
+                return None
+            delay = max(delay, failure.wait)
+            upstream.not_before = 0.0
+        return delay
+
+    # ---- health -----------------------------------------------------------------------------
+
+    def watch_health(self) -> None:
+        """Probe every upstream every `health_interval` seconds, until shutdown."""
+        self._health = asyncio.create_task(self._probe_forever(), name="upstream-health")
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(u) for u in self._upstreams))
+            await asyncio.sleep(self._config.health_interval)
+
+    async def _probe(self, upstream: Upstream) -> None:
+        try:
+            response = await upstream.client.get(
+                upstream.origin() + self._config.health_path,
+                timeout=min(_HEALTH_TIMEOUT, self._config.health_interval),
+            )
+            healthy = response.status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if healthy != upstream.healthy:
+            log = logger.info if healthy else logger.warning
+            log("upstream %s is %s", upstream.label, "healthy" if healthy else "unhealthy")
+        upstream.healthy = healthy
+        metrics.UPSTREAM_HEALTHY.labels(upstream.label).set(int(healthy))
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """One try of a request on one upstream."""
+
+    upstream: Upstream
+    reader: StreamReader
+    response: httpx.Response | None = None
+    events: AsyncGenerator[EngineStep, None] | None = None
+
+
+class _TryFailed(Exception):
+    def __init__(self, failure: _Failure) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+
+
+async def _discover(upstreams: list[Upstream], wait: float) -> tuple[Upstream, dict[str, Any]]:
+    """The first upstream whose `/v1/models` lists a model, and that model's card."""
+    deadline = time.monotonic() + wait
+    while True:
+        for upstream in upstreams:
+            try:
+                response = await upstream.client.get("/models", timeout=_HEALTH_TIMEOUT)
+                cards = response.json().get("data") if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                cards = None
+            if isinstance(cards, list) and cards and isinstance(cards[0], dict):
+                if len(cards) > 1:
+                    logger.warning(
+                        "upstream %s serves %d models; sluicegate serves the first, %s",
+                        upstream.label,
+                        len(cards),
+                        cards[0].get("id"),
+                    )
+                return upstream, cards[0]
+        if time.monotonic() >= deadline:
+            names = ", ".join(u.label for u in upstreams)
+            raise UpstreamStartError(
+                f"no upstream answered GET /v1/models within {wait:g} s ({names})"
+            )
+        await asyncio.sleep(1.0)
+
+
+async def _tokenizer(
+    config: UpstreamConfig, upstream: Upstream, model: str
+) -> PromptTokenizer | None:
+    """The configured local tokenizer, else the upstream's `/tokenize`, else none."""
+    if config.tokenizer is not None:
+        return await asyncio.to_thread(_local_tokenizer, config.tokenizer)
+    remote = RemoteTokenizer(upstream.client, upstream.origin(), model)
+    try:
+        await remote.tokenize("sluicegate")
+    except GatewayError:
+        logger.warning(
+            "upstream %s has no /tokenize and SLUICEGATE_TOKENIZER is not set: the token "
+            "budget is off for %s (no prompt fitting or max_tokens clamping; token counts "
+            "come from the upstream's usage)",
+            upstream.label,
+            model,
+        )
+        return None
+    logger.info("token budget counts with the /tokenize of upstream %s", upstream.label)
+    return remote
+
+
+def _local_tokenizer(name: str) -> PromptTokenizer:
+    from vllm.tokenizers import get_tokenizer
+
+    return HFPromptTokenizer(get_tokenizer(name))
+
+
+class UpstreamStartError(Exception):
+    """Upstream mode cannot start; one line for the operator."""
+
+
+def _count(label: str, outcome: str) -> None:
+    metrics.UPSTREAM_REQUESTS.labels(label, outcome).inc()
+
+
+def _affinity_key(prompt: Prompt) -> str:
+    """The prompt's start, as the upstream sees it (for prefix affinity)."""
+    if prompt.chat is not None:
+        return "".join(
+            f"{m.get('role')}\x00{m.get('content') or ''}\x00" for m in prompt.chat.messages[:4]
+        )
+    if prompt.text is not None:
+        return prompt.text
+    return ",".join(str(i) for i in prompt.ids[:256])
+
+
+def _error_fields(raw: bytes) -> tuple[str | None, str | None, str | None]:
+    """An OpenAI-style error body's message, param and code (None where absent)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        text = raw.decode("utf-8", "replace").strip()[:500]
+        return text or None, None, None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        return error, None, None
+    if not isinstance(error, dict):
+        detail = data.get("detail") if isinstance(data, dict) else None
+        return (str(detail) if detail else None), None, None
+    param, code = error.get("param"), error.get("code")
+    return (
+        str(error.get("message") or "") or None,
+        str(param) if param is not None else None,
+        str(code) if code is not None else None,
+    )

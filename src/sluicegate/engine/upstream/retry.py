@@ -1,0 +1,54 @@
+"""When to try a request again: a budget that bounds the extra load, and the wait."""
+
+from __future__ import annotations
+
+import datetime
+import random
+from email.utils import parsedate_to_datetime
+
+from sluicegate.engine.upstream.config import RetryConfig
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+class RetryBudget:
+    """Each request pays `budget` of a retry into the pool (up to `burst`); each retry takes
+    one. So retries stay within that share of requests, as Envoy's and Finagle's budgets do,
+    and a failing fleet is not hit by every request twice over."""
+
+    def __init__(self, config: RetryConfig) -> None:
+        self._ratio = config.budget
+        self._cap = float(config.burst)
+        self._tokens = self._cap
+
+    def deposit(self) -> None:
+        self._tokens = min(self._cap, self._tokens + self._ratio)
+
+    def withdraw(self) -> bool:
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+def backoff(config: RetryConfig, attempt: int, rng: random.Random) -> float:
+    """Seconds before retry number `attempt` (from 0): exponential, with full jitter."""
+    return rng.uniform(0, min(config.backoff_max, config.backoff * 2**attempt))
+
+
+def retry_after(value: str | None) -> float | None:
+    """A `Retry-After` header in seconds: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())

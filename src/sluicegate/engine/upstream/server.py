@@ -1,0 +1,72 @@
+"""One upstream server: its pooled client, breaker, health and load."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from sluicegate.engine.upstream.breaker import Breaker
+from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig
+
+
+class Upstream:
+    def __init__(
+        self,
+        url: str,
+        weight: float,
+        pool: PoolConfig,
+        breaker: BreakerConfig,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.weight = weight
+        self.label = _label(self.url)
+        """The URL without credentials: the `upstream` label of metrics and logs."""
+        self.breaker = Breaker(breaker)
+        self.healthy = True
+        """What the last health probe said (an upstream starts trusted)."""
+        self.in_flight = 0
+        self.not_before = 0.0
+        """Monotonic time before which it asked not to be sent requests (Retry-After)."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            http2=pool.http2,
+            limits=httpx.Limits(
+                max_connections=pool.max_connections,
+                max_keepalive_connections=pool.max_keepalive,
+                keepalive_expiry=pool.keepalive_expiry,
+            ),
+            timeout=httpx.Timeout(
+                connect=pool.connect_timeout,
+                read=pool.read_timeout,
+                write=pool.write_timeout,
+                pool=pool.pool_timeout,
+            ),
+            transport=transport,
+            trust_env=False,
+        )
+
+    def origin(self) -> str:
+        """The scheme and host, for paths outside /v1 (`/health`, `/tokenize`)."""
+        parts = urlsplit(self.url)
+        return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+    def available(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.healthy and now >= self.not_before and self.breaker.available()
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _label(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

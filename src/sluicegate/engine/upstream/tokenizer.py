@@ -1,0 +1,129 @@
+"""The token budget's counts from an upstream's own `/tokenize` (vLLM's server has one).
+
+The upstream applies its chat template and counts, so the budget sees exactly what the
+upstream will. The message split that truncation needs is estimated (`estimated_encoding`):
+contents counted alone, the template's framing spread evenly. It is asked only when a
+prompt does not fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from sluicegate.engine.protocol import ChatEncoding, ChatMessages, Tokenized, Tools
+from sluicegate.engine.tokenizer import estimated_encoding
+from sluicegate.engine.upstream.wire import wire_message
+from sluicegate.errors import EngineUnavailableError, InvalidRequestError
+
+UNKNOWN_VOCAB = 2**31 - 1
+"""The vocabulary size when the upstream does not say: ids are checked by the upstream."""
+_CONCURRENT_COUNTS = 8
+
+
+class RemoteTokenizer:
+    """`PromptTokenizer` over an upstream's `/tokenize` and `/detokenize`."""
+
+    def __init__(self, client: httpx.AsyncClient, origin: str, model: str) -> None:
+        self._client = client
+        self._origin = origin
+        self._model = model
+        self._limit = asyncio.Semaphore(_CONCURRENT_COUNTS)
+
+    @property
+    def vocab_size(self) -> int:
+        return UNKNOWN_VOCAB
+
+    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+        return await self._chat_ids(messages, tools, add_generation_prompt=True)
+
+    async def encode_chat_counted(
+        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+    ) -> ChatEncoding:
+        ids = await self.encode_chat(messages, tools)
+        if ids_up_to is None or len(ids) > ids_up_to:
+            contents = await self.count([str(m.get("content") or "") for m in messages])
+            return estimated_encoding(ids, contents)
+        return ChatEncoding(ids, (0,) * len(messages), (0,) * len(messages))
+
+    async def encode(self, text: str) -> list[int]:
+        return (await self.tokenize(text)).ids
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        async def one(text: str) -> int:
+            if not text:
+                return 0
+            async with self._limit:
+                return len((await self.tokenize(text, add_special_tokens=False)).ids)
+
+        return list(await asyncio.gather(*(one(t) for t in texts)))
+
+    async def tokenize(
+        self, text: str, add_special_tokens: bool = True, with_strings: bool = False
+    ) -> Tokenized:
+        body = {
+            "model": self._model,
+            "prompt": text,
+            "add_special_tokens": add_special_tokens,
+            "return_token_strs": with_strings,
+        }
+        answer = await self._post("/tokenize", body)
+        strings = answer.get("token_strs") if with_strings else None
+        return Tokenized(list(answer["tokens"]), list(strings) if strings is not None else None)
+
+    async def render_chat(
+        self,
+        messages: ChatMessages,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        ids = await self._chat_ids(messages, None, add_generation_prompt, continue_final_message)
+        return await self.decode(ids)
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        answer = await self._post("/detokenize", {"model": self._model, "tokens": list(token_ids)})
+        return str(answer["prompt"])
+
+    async def _chat_ids(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": [wire_message(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+        }
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        return list((await self._post("/tokenize", body))["tokens"])
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self._client.post(self._origin + path, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"The upstream's {path} did not answer.") from exc
+        if response.status_code == 400:
+            raise InvalidRequestError(_message(response))
+        if response.status_code != 200:
+            raise EngineUnavailableError(f"The upstream's {path} answered {response.status_code}.")
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise EngineUnavailableError(f"The upstream's {path} sent no JSON object.")
+        return answer
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+    except ValueError:
+        return response.text[:500]
+    if isinstance(error, dict):
+        return str(error.get("message") or "")
+    return str(error or response.text[:500])

@@ -1,0 +1,270 @@
+"""Our prompts and sampling options as OpenAI request bodies; upstream SSE as engine steps.
+
+Every request goes upstream streamed, with `stream_options.include_usage`, whatever the
+client asked: one parser serves both, and a non-streamed client answer is assembled by the
+gateway as for the in-process engine. Parameters at their OpenAI default are left out, so an
+upstream that does not know vLLM's extensions (`top_k`, `min_p`, ...) is not sent them
+unless the client asked for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluicegate.engine.protocol import (
+    ChatPrompt,
+    ChoiceDelta,
+    EngineStep,
+    FinishReason,
+    Prompt,
+    SamplingOptions,
+    StructuredOutput,
+    TokenLogprob,
+)
+from sluicegate.engine.upstream.tool_calls import encode_call_fragment, encode_content
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "content_filter": "stop",
+    "abort": "abort",
+}
+
+
+def request_body(
+    model: str, prompt: Prompt, options: SamplingOptions, explicit_max_tokens: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """The path (under /v1) and the JSON body for the upstream."""
+    body: dict[str, Any] = {"model": model}
+    chat = prompt.chat
+    if chat is not None:
+        path = "/chat/completions"
+        body["messages"] = [wire_message(m) for m in chat.messages]
+        _chat_tools(body, chat)
+    else:
+        path = "/completions"
+        body["prompt"] = prompt.text if prompt.text is not None else prompt.ids
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if explicit_max_tokens:
+        body["max_completion_tokens" if chat is not None else "max_tokens"] = options.max_tokens
+    _sampling(body, options, chat is not None)
+    return path, body
+
+
+def _chat_tools(body: dict[str, Any], chat: ChatPrompt) -> None:
+    if chat.tools:
+        body["tools"] = [dict(t) for t in chat.tools]
+        if chat.tool_choice is not None:
+            body["tool_choice"] = chat.tool_choice
+        if not chat.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
+
+
+_DEFAULTS: tuple[tuple[str, str, object], ...] = (
+    # (our option, the body's field, its default)
+    ("temperature", "temperature", None),
+    ("top_p", "top_p", 1.0),
+    ("top_k", "top_k", 0),
+    ("min_p", "min_p", 0.0),
+    ("n", "n", 1),
+    ("seed", "seed", None),
+    ("presence_penalty", "presence_penalty", 0.0),
+    ("frequency_penalty", "frequency_penalty", 0.0),
+    ("repetition_penalty", "repetition_penalty", 1.0),
+    ("ignore_eos", "ignore_eos", False),
+    ("min_tokens", "min_tokens", 0),
+)
+
+
+def _sampling(body: dict[str, Any], options: SamplingOptions, chat: bool) -> None:
+    for name, key, default in _DEFAULTS:
+        value = getattr(options, name)
+        if value != default:
+            body[key] = value
+    if options.stop:
+        body["stop"] = list(options.stop)
+    if options.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in options.logit_bias}
+    if options.logprobs is not None:
+        if chat:
+            body["logprobs"] = True
+            body["top_logprobs"] = options.logprobs
+        else:
+            body["logprobs"] = options.logprobs
+    if options.structured is not None:
+        body.update(_structured(options.structured))
+
+
+def _structured(structured: StructuredOutput) -> dict[str, Any]:
+    if structured.json is not None:
+        schema = json.loads(structured.json)
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema, "strict": True},
+            }
+        }
+    if structured.json_object:
+        return {"response_format": {"type": "json_object"}}
+    # vLLM's own structured outputs: an upstream without them refuses (400) or ignores them.
+    if structured.regex is not None:
+        return {"structured_outputs": {"regex": structured.regex}}
+    if structured.choice is not None:
+        return {"structured_outputs": {"choice": list(structured.choice)}}
+    return {"structured_outputs": {"grammar": structured.grammar}}
+
+
+def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as OpenAI's wire has it: tool-call arguments as JSON text (templates take
+    them parsed)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return dict(message)
+    wired = dict(message)
+    wired["tool_calls"] = [
+        {
+            **call,
+            "function": {
+                **call["function"],
+                "arguments": _arguments_text(call["function"].get("arguments")),
+            },
+        }
+        for call in calls
+    ]
+    return wired
+
+
+def _arguments_text(arguments: object) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class StreamReader:
+    """Turns an upstream's SSE events into engine steps.
+
+    Each content piece counts as one token (servers stream one token per event); the
+    finishing deltas are held until the usage arrives, to settle the count on what the
+    upstream reports. Tool calls are carried as text (`tool_calls`)."""
+
+    choices: int
+    counted: dict[int, int] = field(default_factory=dict)
+    held: list[ChoiceDelta] = field(default_factory=list)
+    usage: Usage | None = None
+    done: bool = False
+
+    def feed(self, data: str) -> EngineStep | None:
+        """One event's data; a step for what it adds, if anything."""
+        if data == "[DONE]":
+            self.done = True
+            return None
+        event = json.loads(data)
+        if not isinstance(event, dict):
+            raise ValueError("an event that is not a JSON object")
+        if "error" in event and "choices" not in event:
+            raise UpstreamStreamError(event["error"])
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage(
+                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            )
+        deltas = list(self._deltas(event.get("choices") or ()))
+        return EngineStep(choices=deltas) if deltas else None
+
+    def finish(self) -> EngineStep:
+        """The last step: the held finishing deltas, with the counts settled."""
+        usage = self.usage
+        if usage is not None and self.held and self.choices == 1:
+            counted = sum(self.counted.values())
+            self.held[0].num_tokens += usage.completion_tokens - counted
+        return EngineStep(
+            choices=self.held,
+            prompt_tokens=0 if usage is None else usage.prompt_tokens,
+            finished=True,
+        )
+
+    def _deltas(self, choices: Any) -> Iterator[ChoiceDelta]:
+        for choice in choices:
+            index = int(choice.get("index") or 0)
+            text = _choice_text(choice)
+            reason = choice.get("finish_reason")
+            logprobs = _logprobs(choice.get("logprobs"))
+            tokens = 1 if text or logprobs else 0
+            if logprobs:
+                tokens = len(logprobs)
+            self.counted[index] = self.counted.get(index, 0) + tokens
+            delta = ChoiceDelta(index, text, tokens, None, logprobs)
+            if reason is None:
+                if text or logprobs:
+                    yield delta
+                continue
+            delta.finish_reason = _FINISH.get(str(reason), "stop")
+            self.held.append(delta)
+
+
+def _choice_text(choice: Mapping[str, Any]) -> str:
+    if "text" in choice:  # completions
+        return str(choice.get("text") or "")
+    delta = choice.get("delta") or {}
+    parts = []
+    content = delta.get("content")
+    if content:
+        parts.append(encode_content(content))
+    for call in delta.get("tool_calls") or ():
+        function = call.get("function") or {}
+        parts.append(
+            encode_call_fragment(
+                int(call.get("index") or 0), function.get("name"), function.get("arguments") or ""
+            )
+        )
+    return "".join(parts)
+
+
+def _logprobs(raw: Any) -> list[TokenLogprob] | None:
+    if not isinstance(raw, dict):
+        return None
+    if isinstance(raw.get("content"), list):  # chat
+        return [
+            TokenLogprob(
+                str(e.get("token", "")),
+                e.get("logprob"),
+                tuple(
+                    (str(t.get("token", "")), t.get("logprob")) for t in e.get("top_logprobs") or ()
+                ),
+            )
+            for e in raw["content"]
+        ]
+    tokens = raw.get("tokens")
+    if isinstance(tokens, list):  # completions
+        values = raw.get("token_logprobs") or []
+        tops = raw.get("top_logprobs") or []
+        return [
+            TokenLogprob(
+                str(token),
+                values[i] if i < len(values) else None,
+                tuple((tops[i] or {}).items()) if i < len(tops) else (),
+            )
+            for i, token in enumerate(tokens)
+        ]
+    return None
+
+
+class UpstreamStreamError(Exception):
+    """An upstream sent an error event in its stream."""
+
+    def __init__(self, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        super().__init__(message or "the upstream reported an error")

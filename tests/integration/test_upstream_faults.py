@@ -1,0 +1,316 @@
+"""Upstream mode against failing servers: retries, backoff, breakers, aborts, failover.
+
+The upstreams are `tests.fault_upstream` processes (a fault-injecting test double speaking
+OpenAI's API over real HTTP); the gateways are real `sluicegate serve` processes in upstream
+mode. No engine starts, so each gateway is up in seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.server import GatewayProcess, free_port, start_gateway
+
+CHAT = {
+    "model": "fault-model",
+    "messages": [{"role": "user", "content": "Say something."}],
+    "max_tokens": 8,
+}
+
+
+@dataclass
+class FaultUpstream:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def control(self, **behaviour: object) -> None:
+        reply = httpx.post(f"http://127.0.0.1:{self.port}/_control", json=behaviour)
+        assert reply.status_code == 200, reply.text
+
+    def stats(self) -> dict[str, object]:
+        return dict(httpx.get(f"http://127.0.0.1:{self.port}/_stats").json())
+
+    def arrivals(self) -> list[float]:
+        """When chat requests arrived (health probes left out)."""
+        arrivals = self.stats()["arrivals"]
+        return [a["at"] for a in arrivals if a["path"] == "/v1/chat/completions"]  # type: ignore[union-attr]
+
+
+def _start_upstream(*flags: str) -> FaultUpstream:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return FaultUpstream(process, port)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the fault upstream did not start")
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[list[FaultUpstream]]:
+    started = [_start_upstream("--delay", "0.001"), _start_upstream("--delay", "0.001")]
+    yield started
+    for upstream in started:
+        upstream.process.kill()
+        upstream.process.wait(10)
+
+
+@pytest.fixture(autouse=True)
+def normal(upstreams: list[FaultUpstream]) -> None:
+    for upstream in upstreams:
+        upstream.control(reset_all=True)
+        upstream.control(reset_stats=True)
+
+
+def _gateway(log_dir: Path, urls: list[str], **settings: str) -> GatewayProcess:
+    env = {
+        "SLUICEGATE_UPSTREAM_URLS": ",".join(urls),
+        "SLUICEGATE_CACHE_POLICY": "off",
+        "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "0.5",
+        **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
+    }
+    return start_gateway(log_dir, env=env)
+
+
+@pytest.fixture
+def gateway_dir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
+    text = httpx.get(gateway.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and line.split(" ")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _events(response: httpx.Response) -> list[str]:
+    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_retries_honour_retry_after_and_then_succeed(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url])
+    try:
+        upstream.control(status=503, retry_after=1, times=2)
+        started = time.monotonic()
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"]
+        arrivals = upstream.arrivals()
+        assert len(arrivals) == 3
+        # One upstream only: each retry waits the second its Retry-After asked for.
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        assert all(gap >= 0.95 for gap in gaps), gaps
+        assert time.monotonic() - started >= 1.9
+        label = upstream.url
+        assert _metric(gateway, "sluicegate_upstream_retries_total", upstream=label) == 2
+        assert (
+            _metric(gateway, "sluicegate_upstream_requests_total", upstream=label, outcome="ok")
+            == 1
+        )
+    finally:
+        gateway.stop()
+
+
+def test_retries_give_up_with_the_upstreams_error(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], upstream_max_retries="2")
+    try:
+        upstream.control(status=502)
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 502
+        error = reply.json()["error"]
+        assert error["type"] == "upstream_error" and error["message"]
+        assert len(upstream.arrivals()) == 3  # the first try and two retries
+        # A refusal (400) is the upstream's answer: passed on, never retried.
+        upstream.control(status=400)
+        refused = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["type"] == "invalid_request_error"
+        assert len(upstream.arrivals()) == 4
+    finally:
+        gateway.stop()
+
+
+def test_the_breaker_opens_then_closes(upstreams: list[FaultUpstream], gateway_dir: Path) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(
+        gateway_dir,
+        [upstream.url],
+        upstream_max_retries="0",
+        upstream_breaker_failures="3",
+        upstream_breaker_open_seconds="1.5",
+    )
+    try:
+        label = upstream.url
+        upstream.control(status=500)
+        for _ in range(3):
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert reply.status_code == 502
+        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 1
+        # Open: refused at once, without reaching the upstream.
+        reached = len(upstream.arrivals())
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 503
+        assert len(upstream.arrivals()) == reached
+        upstream.control(reset_all=True)
+        time.sleep(1.6)
+        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 2
+        # Half-open: the trial request succeeds and closes it.
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 200
+        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 0
+    finally:
+        gateway.stop()
+
+
+def test_nothing_is_retried_after_the_first_byte(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url])
+    try:
+        upstream.control(reset="during", after_chunks=3)
+        body = {**CHAT, "stream": True, "max_tokens": 16}
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as reply:
+            assert reply.status_code == 200
+            events = _events(reply)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "upstream_error"
+        text = "".join(
+            c["delta"].get("content") or "" for e in events[:-2] for c in json.loads(e)["choices"]
+        )
+        assert text  # what came before the reset reached the client
+        assert len(upstream.arrivals()) == 1  # and the request was not sent again
+    finally:
+        gateway.stop()
+
+
+def test_a_client_disconnect_closes_the_upstream_request(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url])
+    try:
+        upstream.control(slow=0.2)
+        body = {**CHAT, "stream": True, "max_tokens": 32}
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as reply:
+            for line in reply.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    break
+            left = time.monotonic()
+        deadline = left + 3
+        while time.monotonic() < deadline and not upstream.stats()["disconnects"]:
+            time.sleep(0.05)
+        noticed = upstream.stats()["disconnects"]
+        assert noticed, "the upstream never saw its client leave"
+        assert noticed[0] - left < 1.0  # type: ignore[index,operator]
+        assert upstream.stats()["in_flight"] == 0
+    finally:
+        gateway.stop()
+
+
+def test_two_upstreams_one_down_every_request_succeeds(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    up, flaky = upstreams
+    flaky.control(reset="before")
+    gateway = _gateway(gateway_dir, [dead, flaky.url, up.url], upstream_health_interval="5")
+    try:
+        for stream in (False, True) * 10:
+            body = {**CHAT, "stream": stream}
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+            if stream:
+                assert reply.text.rstrip().endswith("data: [DONE]")
+                assert '"error"' not in reply.text
+        assert len(up.arrivals()) == 20
+        retries = _metric(gateway, "sluicegate_upstream_retries_total")
+        assert retries >= 1
+        ready = httpx.get(gateway.url + "/ready")
+        assert ready.status_code == 200
+    finally:
+        gateway.stop()
+
+
+def test_ready_is_503_while_no_upstream_is_healthy(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url])
+    try:
+        assert httpx.get(gateway.url + "/ready").status_code == 200
+        upstream.control(down=True)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code == 200:
+            time.sleep(0.1)
+        assert httpx.get(gateway.url + "/ready").status_code == 503
+        assert _metric(gateway, "sluicegate_upstream_healthy", upstream=upstream.url) == 0
+        upstream.control(reset_all=True)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code != 200:
+            time.sleep(0.1)
+        assert httpx.get(gateway.url + "/ready").status_code == 200
+    finally:
+        gateway.stop()
+
+
+def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], rate_limit_tokens_per_minute="600")
+    try:
+        long = {**CHAT, "messages": [{"role": "user", "content": "word " * 60}]}
+        direct = httpx.post(upstream.url + "/chat/completions", json=long).json()["usage"]
+        assert direct["prompt_tokens"] >= 50
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=long, timeout=30)
+        assert reply.status_code == 200
+        assert reply.json()["usage"] == direct
+        assert "x-budget-prompt-tokens-after" not in reply.headers
+        # The prompt tokens only the upstream counted are charged when the run ends.
+        left = int(reply.headers["x-ratelimit-remaining-tokens"])
+        after = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        used = left - int(after.headers["x-ratelimit-remaining-tokens"])
+        # The first run's prompt and completion, less what refilled meanwhile (10/s).
+        assert used >= direct["total_tokens"] - 5
+        tokenize = httpx.post(gateway.url + "/tokenize", json={"prompt": "hi"})
+        assert tokenize.status_code == 400 and tokenize.json()["error"]["message"]
+        echo = {"model": "fault-model", "prompt": "hi", "echo": True, "max_tokens": 2}
+        refused = httpx.post(gateway.url + "/v1/completions", json=echo)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
+    finally:
+        gateway.stop()

@@ -1,0 +1,132 @@
+"""The upstream policies on their own: breaker, retry budget, backoff, balancer."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from sluicegate.engine.upstream.balancer import Balancer
+from sluicegate.engine.upstream.breaker import Breaker
+from sluicegate.engine.upstream.config import AffinityConfig, BreakerConfig, PoolConfig, RetryConfig
+from sluicegate.engine.upstream.retry import RetryBudget, backoff, retry_after
+from sluicegate.engine.upstream.server import Upstream
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_consecutive_failures_open_the_breaker_and_a_trial_closes_it() -> None:
+    clock = Clock()
+    breaker = Breaker(BreakerConfig(failures=3, window=100, open_seconds=5), clock)
+    for _ in range(2):
+        breaker.failure()
+    assert breaker.state == "closed"
+    breaker.failure()
+    assert breaker.state == "open" and not breaker.acquire()
+    clock.now += 5
+    assert breaker.state == "half_open"
+    assert breaker.acquire()  # the one trial
+    assert not breaker.acquire() and not breaker.available()
+    breaker.success()
+    assert breaker.state == "closed" and breaker.acquire()
+
+
+def test_a_failed_trial_opens_the_breaker_again() -> None:
+    clock = Clock()
+    breaker = Breaker(BreakerConfig(failures=1, open_seconds=2), clock)
+    breaker.failure()
+    clock.now += 2
+    assert breaker.acquire()
+    breaker.failure()
+    assert breaker.state == "open"
+    clock.now += 1.9
+    assert breaker.state == "open"
+
+
+def test_the_error_ratio_opens_the_breaker_without_a_run_of_failures() -> None:
+    breaker = Breaker(BreakerConfig(failures=100, error_ratio=0.5, window=10), Clock())
+    for _ in range(5):
+        breaker.success()
+        breaker.failure()
+    assert breaker.state == "open"
+    healthy = Breaker(BreakerConfig(failures=100, error_ratio=0.5, window=10), Clock())
+    for i in range(40):
+        healthy.failure() if i % 3 == 0 else healthy.success()
+    assert healthy.state == "closed"
+
+
+def test_the_retry_budget_allows_a_fifth_of_requests_after_its_burst() -> None:
+    budget = RetryBudget(RetryConfig(budget=0.2, burst=2))
+    assert budget.withdraw() and budget.withdraw() and not budget.withdraw()
+    allowed = 0
+    for _ in range(1000):
+        budget.deposit()
+        allowed += budget.withdraw()
+    assert 195 <= allowed <= 200
+
+
+def test_backoff_is_exponential_with_full_jitter() -> None:
+    config = RetryConfig(backoff=0.1, backoff_max=1.0)
+    rng = random.Random(7)
+    for attempt, ceiling in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 1.0)]:
+        waits = [backoff(config, attempt, rng) for _ in range(500)]
+        assert all(0 <= w <= ceiling for w in waits)
+        assert max(waits) > 0.9 * ceiling and min(waits) < 0.1 * ceiling
+
+
+def test_retry_after_reads_seconds_and_dates() -> None:
+    assert retry_after("3") == 3.0
+    assert retry_after(None) is None and retry_after("soon") is None
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+
+
+def _upstreams(*weights: float) -> list[Upstream]:
+    return [
+        Upstream(f"http://10.0.0.{i}:8000/v1", w, PoolConfig(), BreakerConfig())
+        for i, w in enumerate(weights)
+    ]
+
+
+def test_two_choices_prefer_the_less_loaded_and_follow_weights() -> None:
+    upstreams = _upstreams(1, 1, 1)
+    upstreams[0].in_flight = 10
+    balancer = Balancer(upstreams, rng=random.Random(1))
+    picks = Counter(balancer.pick() for _ in range(3000))
+    # The loaded one wins only when drawn twice, which two distinct draws never are.
+    assert picks[0] == 0 and picks[1] > 1200 and picks[2] > 1200
+    weighted = Balancer(_upstreams(3, 1), rng=random.Random(2))
+    counts = Counter(weighted.pick() for _ in range(4000))
+    # Idle upstreams tie on load; the first draw, weighted 3:1, wins ties.
+    assert 2800 <= counts[0] <= 3200
+    loaded = _upstreams(3, 1)
+    loaded[0].in_flight = 2  # 2/3 per unit of weight, more than the idle one's 0
+    assert Balancer(loaded, rng=random.Random(5)).pick() == 1
+
+
+def test_unavailable_and_tried_upstreams_are_skipped() -> None:
+    upstreams = _upstreams(1, 1)
+    balancer = Balancer(upstreams, rng=random.Random(3))
+    upstreams[0].healthy = False
+    assert {balancer.pick() for _ in range(50)} == {1}
+    assert balancer.pick(tried={1}) == 1  # nothing else is left
+    upstreams[1].healthy = False
+    assert balancer.pick() is None
+
+
+def test_affinity_sends_a_prefix_to_one_upstream_until_it_is_overloaded() -> None:
+    upstreams = _upstreams(1, 1, 1, 1)
+    balancer = Balancer(upstreams, AffinityConfig(chars=64, load_factor=1.25), random.Random(4))
+    prefixes = [f"system prompt number {i} " * 4 for i in range(40)]
+    homes = {p: balancer.pick(p + "question A") for p in prefixes}
+    assert all(balancer.pick(p + "another question") == homes[p] for p in prefixes)
+    assert len(set(homes.values())) == 4  # the ring spreads prefixes over every upstream
+    prefix = prefixes[0]
+    home = homes[prefix]
+    assert home is not None
+    upstreams[home].in_flight = 8  # far above its share of 8 + 1 in flight
+    assert balancer.pick(prefix) != home
