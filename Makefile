@@ -26,14 +26,23 @@ LITELLM_VENV := .venv-litellm
 LITELLM_PACKAGES := 'litellm[proxy]==1.108.7' httptools
 # The JS SDK for tests/integration/test_js_client.py, at the version of tests/js/package-lock.json.
 JS_STAMP := tests/js/node_modules/.installed
+# checkov (tests/deploy/test_kubernetes.py) in a virtual environment of its own: its pins
+# would downgrade packaging, networkx and cachetools beneath vLLM and torch in .venv.
+TOOLS_VENV := .venv-tools
+CHECKOV := checkov>=3.3.30,<4
+TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-upstream bench-affinity clean
+	bench-metrics bench-upstream bench-affinity clean
 
 all: check test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
+
+# llama.cpp's server (a dev extra, for the upstream tests) compiles from source: the
+# multimodal part is not needed.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 
 define pip_install
 	$(PIP) install -q -e '.[$(1)]'
@@ -60,14 +69,21 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund
 	touch $@
 
-test: install $(DEV_STAMP) $(JS_STAMP)
+$(TOOLS_STAMP):
+	$(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(CHECKOV)'
+	touch $@
+
+test: install $(DEV_STAMP) $(JS_STAMP) $(TOOLS_STAMP)
 	bash scripts/ensure-redis.sh
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-chromium.sh
+	bash scripts/ensure-kubectl.sh
 	$(PY) -m pytest
 
-unit: $(DEV_STAMP)
+unit: $(DEV_STAMP) $(TOOLS_STAMP)
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-kubectl.sh
 	$(PY) -m pytest tests/unit tests/bench tests/deploy
 
 lint: $(DEV_STAMP)
@@ -83,9 +99,11 @@ layers: $(DEV_STAMP)
 
 check: lint typecheck layers
 
-# docs/configuration.md's table, from the Settings field descriptions.
+# docs/configuration.md's table, from the Settings field descriptions; the PrometheusRule of
+# deploy/kubernetes/, from deploy/prometheus/alerts.yml.
 docs: $(DEV_STAMP)
 	$(PY) scripts/configuration_doc.py --write
+	$(PY) scripts/prometheus_rule.py --write
 
 bench: install $(DEV_STAMP)
 	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3 --min-prompts 16
@@ -93,6 +111,10 @@ bench: install $(DEV_STAMP)
 # Structured outputs (a 5-field JSON schema at concurrency 16) against vLLM's server, A-B-B-A.
 bench-structured: install $(DEV_STAMP)
 	$(PY) bench/structured_outputs.py --rounds 2 --requests 32
+
+# /metrics at an endpoint picker's 20 scrapes a second: the gateway's CPU, idle against scraped.
+bench-metrics: install $(DEV_STAMP)
+	$(PY) bench/metrics_scrape.py
 
 # The cache-hit path against a bare FastAPI endpoint, with wrk (installed here if missing).
 bench-cache: install $(DEV_STAMP)
@@ -116,4 +138,4 @@ bench-affinity: install $(DEV_STAMP)
 	$(PY) bench/prefix_affinity.py
 
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) $(TOOLS_VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

@@ -37,7 +37,7 @@ from sluicegate.lifecycle import Lifecycle
 from sluicegate.observability.loop_lag import watch_loop_lag
 from sluicegate.observability.tracing import Tracing
 from sluicegate.offload import ProcessOffload
-from sluicegate.paths import PLAYGROUND_PATH, PROBE_PATHS
+from sluicegate.paths import METRICS_PATHS, PLAYGROUND_PATH, PROBE_PATHS
 from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
         Middleware(TelemetryMiddleware, model=settings.model_name),
     ]
     if settings.api_keys is not None:
-        open_paths = PROBE_PATHS - ({"/metrics"} if settings.metrics_require_auth else set())
+        open_paths = PROBE_PATHS - (METRICS_PATHS if settings.metrics_require_auth else set())
         stack.append(
             Middleware(
                 ApiKeyMiddleware,

@@ -523,6 +523,18 @@ class Settings(BaseSettings):
     # --- engine ----------------------------------------------------------------------
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one model is split over.")
     pipeline_parallel_size: int = Field(default=1, ge=1, description="Pipeline stages.")
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="Engine copies (each of TENSOR_PARALLEL_SIZE × PIPELINE_PARALLEL_SIZE "
+        "workers) behind this one gateway, which vLLM balances requests over.",
+    )
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        default=None,
+        description="How vLLM starts its workers: `mp` (processes on this host) or `ray` (a "
+        "Ray cluster, for models over several hosts; needs `ray` installed and a GPU build: "
+        "vLLM's CPU build refuses it). Unset: vLLM chooses (`mp` on one host).",
+    )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0, le=1, description="Share of GPU memory vLLM may take (0-1]."
     )

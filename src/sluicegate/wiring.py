@@ -154,6 +154,8 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         max_model_len=settings.max_model_len,
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size,
+        data_parallel_size=settings.data_parallel_size,
+        distributed_executor_backend=settings.distributed_executor_backend,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,

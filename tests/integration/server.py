@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,13 +94,54 @@ def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
     raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S} s:\n{gateway.log()[-4000:]}")
 
 
-def metric_value(url: str, name: str) -> float:
-    """Sum of a metric's samples in the gateway's /metrics exposition."""
+@contextlib.contextmanager
+def peer_process(
+    command: list[str],
+    ready_url: str,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 600.0,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server of another project (vLLM's, llama.cpp's, the fault upstream), running until
+    `ready_url` answers 200, and stopped (its whole process group) when the block ends."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{command[:3]} exited with {process.returncode}:\n{tail}")
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[:3]} not ready after {timeout:g} s")
+            time.sleep(0.2)
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples (those with `labels`) in the gateway's /metrics exposition."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
     total = 0.0
     found = False
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
             found = True
     if not found:

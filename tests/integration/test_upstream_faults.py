@@ -7,6 +7,7 @@ mode. No engine starts, so each gateway is up in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import subprocess
@@ -19,7 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.server import GatewayProcess, free_port, start_gateway
+from tests.integration.server import (
+    GatewayProcess,
+    free_port,
+    metric_value,
+    peer_process,
+    start_gateway,
+)
 
 CHAT = {
     "model": "fault-model",
@@ -50,31 +57,18 @@ class FaultUpstream:
         return [a["at"] for a in arrivals if a["path"] == "/v1/chat/completions"]  # type: ignore[union-attr]
 
 
-def _start_upstream(*flags: str) -> FaultUpstream:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return FaultUpstream(process, port)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("the fault upstream did not start")
-
-
 @pytest.fixture(scope="module")
-def upstreams() -> Iterator[list[FaultUpstream]]:
-    started = [_start_upstream("--delay", "0.001"), _start_upstream("--delay", "0.001")]
-    yield started
-    for upstream in started:
-        upstream.process.kill()
-        upstream.process.wait(10)
+def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FaultUpstream]]:
+    with contextlib.ExitStack() as stack:
+        started = []
+        for _ in range(2):
+            port = free_port()
+            command = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port)]
+            log = tmp_path_factory.mktemp("fault") / "upstream.log"
+            ready = f"http://127.0.0.1:{port}/health"
+            process = stack.enter_context(peer_process([*command, "--delay", "0.001"], ready, log))
+            started.append(FaultUpstream(process, port))
+        yield started
 
 
 @pytest.fixture(autouse=True)
@@ -100,14 +94,7 @@ def gateway_dir(tmp_path: Path) -> Path:
 
 
 def _metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
-    text = httpx.get(gateway.url + "/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and line.split(" ")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_value(gateway.url, name, **labels)
 
 
 def _events(response: httpx.Response) -> list[str]:
@@ -222,7 +209,8 @@ def test_a_client_disconnect_closes_the_upstream_request(
     upstreams: list[FaultUpstream], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url])
+    # With HTTP/2 on: offered over TLS only, so plain http here stays HTTP/1.1.
+    gateway = _gateway(gateway_dir, [upstream.url], upstream_http2="true")
     try:
         upstream.control(slow=0.2)
         body = {**CHAT, "stream": True, "max_tokens": 32}

@@ -22,6 +22,7 @@ def test_defaults_match_the_documented_table() -> None:
     s = Settings()
     assert (s.host, s.port, s.max_model_len) == ("127.0.0.1", 8000, 4096)
     assert (s.tensor_parallel_size, s.pipeline_parallel_size) == (1, 1)
+    assert (s.data_parallel_size, s.distributed_executor_backend) == (1, None)
     assert s.gpu_memory_utilization == 0.9
     assert (s.max_num_seqs, s.max_num_batched_tokens) == (256, 8192)
     assert s.enable_prefix_caching is True
@@ -64,6 +65,8 @@ def test_served_model_name_defaults_to_the_folder_name() -> None:
         ("SLUICEGATE_SCHEDULING_POLICY", "random", "'fcfs' or 'priority'"),
         ("SLUICEGATE_DTYPE", "int3", "allowed"),
         ("SLUICEGATE_MAX_MODEL_LEN", "0", "SLUICEGATE_MAX_MODEL_LEN"),
+        ("SLUICEGATE_DISTRIBUTED_EXECUTOR_BACKEND", "uni", "'mp' or 'ray'"),
+        ("SLUICEGATE_DATA_PARALLEL_SIZE", "0", "SLUICEGATE_DATA_PARALLEL_SIZE"),
     ],
 )
 def test_bad_values_name_the_setting_and_what_is_allowed(

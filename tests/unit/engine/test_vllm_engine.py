@@ -86,6 +86,40 @@ def test_structured_outputs_run_on_xgrammar_with_the_whitespace_setting() -> Non
         }
 
 
+def test_the_parallel_layout_goes_to_vllm_as_given() -> None:
+    from sluicegate.engine.vllm_engine import EngineConfig, engine_arguments
+
+    default = engine_arguments(EngineConfig(model="m", served_model_name="m"), on_gpu=False)
+    assert (default["data_parallel_size"], default["distributed_executor_backend"]) == (1, None)
+    config = EngineConfig(
+        model="m",
+        served_model_name="m",
+        tensor_parallel_size=8,
+        pipeline_parallel_size=2,
+        data_parallel_size=2,
+        distributed_executor_backend="ray",
+    )
+    arguments = engine_arguments(config, on_gpu=True)
+    assert arguments["tensor_parallel_size"] == 8 and arguments["pipeline_parallel_size"] == 2
+    assert arguments["data_parallel_size"] == 2
+    assert arguments["distributed_executor_backend"] == "ray"
+
+
+def test_vllm_takes_the_parallel_layout_as_engine_arguments() -> None:
+    """The names above are fields of vLLM's own `AsyncEngineArgs`."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    fields = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    assert {
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
+    } <= fields
+
+
 def test_xgrammar_messages_lose_their_native_source_location() -> None:
     from sluicegate.engine.vllm_engine import _first_line
 

@@ -60,7 +60,14 @@ def test_every_route_but_the_probes_and_the_playground_needs_a_key(
     reference = None
     for method, path in [*every_route(client), ("GET", "/playgroundx"), ("GET", "/playground/")]:
         response = client.request(method, path, headers=headers, json={})
-        if path in ("/health", "/ready", "/metrics", "/playground", "/playground/"):
+        if path in (
+            "/health",
+            "/ready",
+            "/metrics",
+            "/metrics/engine",
+            "/playground",
+            "/playground/",
+        ):
             assert response.status_code == 200, path
             continue
         assert response.status_code == 401, (method, path)
@@ -87,9 +94,10 @@ def test_a_plain_or_hashed_key_opens_the_api(client: TestClient) -> None:
 
 def test_metrics_can_require_the_key() -> None:
     with make_client(api_keys=GOOD, metrics_require_auth=True) as client:
-        assert client.get("/metrics").status_code == 401
-        ok = client.get("/metrics", headers={"authorization": f"Bearer {GOOD}"})
-        assert ok.status_code == 200
+        for path in ("/metrics", "/metrics/engine"):
+            assert client.get(path).status_code == 401
+            ok = client.get(path, headers={"authorization": f"Bearer {GOOD}"})
+            assert ok.status_code == 200
         assert client.get("/health").status_code == 200
 
 

@@ -155,7 +155,6 @@ class UpstreamEngine:
         path, body = request_body(self.model, prompt, options, options.max_tokens_given)
         if priority:
             body["priority"] = priority
-        headers = {"X-Request-Id": request_id}
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
@@ -169,7 +168,7 @@ class UpstreamEngine:
             tried.add(index)
             exchange = _Exchange(self._upstreams[index], StreamReader(choices=options.n))
             try:
-                first = await self._open(exchange, path, body, headers)
+                first = await self._open(exchange, path, body)
             except _TryFailed as failed:
                 await self._end(exchange)
                 delay = self._retry_delay(exchange.upstream, failed.failure, attempt, tried)
@@ -210,9 +209,7 @@ class UpstreamEngine:
 
     # ---- one try ----------------------------------------------------------------------------
 
-    async def _open(
-        self, exchange: _Exchange, path: str, body: dict[str, Any], headers: dict[str, str]
-    ) -> EngineStep:
+    async def _open(self, exchange: _Exchange, path: str, body: dict[str, Any]) -> EngineStep:
         """Send the request and read up to its first step; `_TryFailed` if it fails first."""
         upstream = exchange.upstream
         label = upstream.label
@@ -220,7 +217,8 @@ class UpstreamEngine:
         metrics.UPSTREAM_IN_FLIGHT.labels(label).inc()
         sent = time.perf_counter()
         try:
-            request = upstream.client.build_request("POST", path, json=body, headers=headers)
+            # No X-Request-Id: llama.cpp's server refuses one that is not a UUID (400, no body).
+            request = upstream.client.build_request("POST", path, json=body)
             exchange.response = await upstream.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):

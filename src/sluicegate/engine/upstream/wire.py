@@ -52,7 +52,8 @@ def request_body(
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     if explicit_max_tokens:
-        body["max_completion_tokens" if chat is not None else "max_tokens"] = options.max_tokens
+        # `max_tokens`, not chat's newer `max_completion_tokens`, which llama.cpp ignores.
+        body["max_tokens"] = options.max_tokens
     _sampling(body, options, chat is not None)
     return path, body
 

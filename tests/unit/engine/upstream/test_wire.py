@@ -40,7 +40,7 @@ def test_a_chat_body_sends_only_what_differs_from_openais_defaults() -> None:
     )
     path, body = request_body("m", Prompt([1, 2], chat=chat), options)
     assert path == "/chat/completions"
-    assert body["max_completion_tokens"] == 9 and body["stream"] is True
+    assert body["max_tokens"] == 9 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["temperature"] == 0.0 and body["top_k"] == 5 and body["stop"] == ["x"]
     assert body["logit_bias"] == {"3": -100.0}
