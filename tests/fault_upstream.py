@@ -45,6 +45,7 @@ the same clock as a test's `time.monotonic()` on the same Linux host):
      "resets": 0,                  connections this server reset on purpose
      "disconnects": [12345.678],   when it noticed a client leave before its response ended
      "open_connections": 4,        TCP connections open now (keep-alive ones included)
+     "connections_accepted": 9,    TCP connections accepted (a pool that reuses them: few)
      "arrivals": [{"path": ..., "at": 12345.6, "fault": "status"}, ...],  the last 1,000
      "now": 12346.0, "pid": 4242}  this process's id
 """
@@ -205,15 +206,18 @@ class Connections:
 
     def __init__(self) -> None:
         self.open: dict[tuple[str, int], asyncio.BaseTransport] = {}
+        self.accepted = 0
 
     def protocol(self, base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         """`base` (uvicorn's HTTP protocol) keeping this registry up to date."""
+        connections = self
         registry = self.open
 
         class Tracked(base):  # type: ignore[valid-type,misc]
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 self._peer = _peer(transport)
                 registry[self._peer] = transport
+                connections.accepted += 1
                 super().connection_made(transport)
 
             def connection_lost(self, exc: Exception | None) -> None:
@@ -572,6 +576,7 @@ class FaultUpstream:
                 return
             if body.get("reset_stats"):
                 self.stats.clear()
+                self.connections.accepted = 0
             if behaviour is not None:
                 self.behaviour = behaviour
         elif not (path == "/_control" and method == "GET"):
@@ -590,6 +595,7 @@ class FaultUpstream:
             "resets": stats.resets,
             "disconnects": stats.disconnects,
             "open_connections": len(self.connections.open),
+            "connections_accepted": self.connections.accepted,
             "arrivals": list(stats.arrivals),
             "now": time.monotonic(),
             "pid": os.getpid(),

@@ -185,3 +185,14 @@ def test_a_bad_control_body_is_a_400_and_changes_nothing(upstream: FaultUpstream
     response = httpx.post(f"{upstream.root}/_control", json={"status": "teapot"})
     assert response.status_code == 400
     assert httpx.get(f"{upstream.root}/_control").json() == {"slow": 0.01}
+
+
+def test_connections_accepted_tells_a_reused_connection_from_new_ones(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(reset_stats=True)
+    for _ in range(3):
+        http.post("/completions", json={"prompt": "x"})
+    assert http.get(f"{upstream.root}/_stats").json()["connections_accepted"] == 1
+    httpx.get(f"{upstream.root}/health")  # a client of its own: a connection of its own
+    assert http.get(f"{upstream.root}/_stats").json()["connections_accepted"] == 2
