@@ -114,17 +114,25 @@ def time_to_first_byte(port: int, payload: str, count: int) -> list[float]:
 
 
 def seed(url: str, payloads: list[str]) -> None:
+    """Each prompt once (a miss), then until it hits: a Redis operation slower than its
+    timeout on a busy machine makes a miss (and the cache leaves Redis alone for a second)."""
     with httpx.Client(base_url=url, timeout=120) as client:
         for payload in payloads:
-            for expected in ("MISS", "HIT"):
+            outcomes = []
+            while len(outcomes) < 4 and outcomes[-1:] != ["HIT"]:
+                if outcomes:
+                    time.sleep(1.2)
                 response = client.post(
                     "/v1/chat/completions",
                     content=payload,
                     headers={"content-type": "application/json"},
                 )
                 response.raise_for_status()
-                if response.headers["x-cache"] != expected:
-                    raise SystemExit(f"expected {expected}, got {response.headers['x-cache']}")
+                outcomes.append(response.headers["x-cache"])
+            if outcomes[0] != "MISS" or outcomes[-1] != "HIT":
+                raise SystemExit(f"expected a miss, then a hit; got {outcomes}")
+            if len(outcomes) > 2:
+                print(f"seeding: a hit after {outcomes}", file=sys.stderr)
 
 
 def start_bare(port: int) -> subprocess.Popen[bytes]:
