@@ -86,6 +86,8 @@ class FakeEngine:
     """Per-word delays; overrides `step_delay` where given."""
     healthy: bool = True
     requests: list[tuple[str, list[int], SamplingOptions]] = field(default_factory=list)
+    prompts: list[Prompt] = field(default_factory=list)
+    """Each request's prompt as the engine got it."""
     arrivals: list[float] = field(default_factory=list)
     priorities: list[int] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
@@ -105,6 +107,7 @@ class FakeEngine:
         priority: int = 0,
     ) -> AsyncIterator[EngineStep]:
         self.requests.append((request_id, prompt.ids, options))
+        self.prompts.append(prompt)
         self.arrivals.append(arrival_time)
         self.priorities.append(priority)
         if self.fail_before_output is not None:

@@ -163,11 +163,9 @@ class CompletionService:
         echo = None
         if request.echo:
             echo = await self._echo(batch, encoded, fitted.prompts, request.scores_only)
-        # Text kept whole goes as text, for an engine that tokenizes it itself.
-        prompts = [
-            Prompt(ids, text=sent if isinstance(sent, str) and ids is given else None)
-            for sent, given, ids in zip(batch, encoded, fitted.prompts, strict=True)
-        ]
+        # Text kept whole goes as text too, for an engine that tokenizes it itself.
+        whole = self._whole_texts(batch, encoded, fitted.prompts)
+        prompts = [Prompt(ids, text=text) for ids, text in zip(fitted.prompts, whole, strict=True)]
         return Run(
             fmt.id,
             prompts,
@@ -189,16 +187,24 @@ class CompletionService:
         """What `echo` puts first: the prompt text as sent (as vLLM's server does), or the
         ids the engine gets, detokenized, when they were sent as ids or cut to fit."""
         tokenizer = self._counting()
-        budget = self._counted_budget()
         texts: list[str] = []
-        for sent, ids, kept in zip(batch, encoded, fitted, strict=True):
-            # Cut before tokenizing (too many characters), or after (too many tokens)?
-            if isinstance(sent, str) and kept is ids and budget.bound_text(sent, "auto") is sent:
-                texts.append(sent)
-            else:
-                texts.append(await tokenizer.decode(kept))
+        for text, kept in zip(self._whole_texts(batch, encoded, fitted), fitted, strict=True):
+            texts.append(await tokenizer.decode(kept) if text is None else text)
         firsts = [await tokenizer.decode(ids[:1]) for ids in fitted]
         return Echo(tuple(texts), tuple(firsts), scores_only)
+
+    def _whole_texts(
+        self, batch: list[str | list[int]], encoded: list[list[int]], fitted: list[list[int]]
+    ) -> list[str | None]:
+        """Each prompt's text as sent, where it was sent as text and kept whole: not cut
+        before tokenizing (too many characters) nor after (too many tokens)."""
+        budget = self._counted_budget()
+        return [
+            sent
+            if isinstance(sent, str) and kept is ids and budget.bound_text(sent, "auto") is sent
+            else None
+            for sent, ids, kept in zip(batch, encoded, fitted, strict=True)
+        ]
 
     async def _text_prefix_length(self) -> int:
         """How many special tokens (a BOS) the tokenizer puts before any text; asked once."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -38,7 +37,12 @@ from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backof
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.engine.upstream.tokenizer import RemoteTokenizer
 from sluicegate.engine.upstream.tool_calls import UpstreamToolParser
-from sluicegate.engine.upstream.wire import StreamReader, UpstreamStreamError, request_body
+from sluicegate.engine.upstream.wire import (
+    StreamReader,
+    UpstreamStreamError,
+    error_fields,
+    request_body,
+)
 from sluicegate.errors import (
     BadGatewayError,
     DeadlineExceededError,
@@ -160,12 +164,13 @@ class UpstreamEngine:
         attempt = 0
         while True:
             index = self._balancer.pick(_affinity_key(prompt), tried)
-            if index is None or not self._upstreams[index].breaker.acquire():
-                if index is None or len(tried | {index}) >= len(self._upstreams):
-                    raise EngineUnavailableError("No upstream is available.")
-                tried.add(index)
-                continue
+            if index is None:
+                raise EngineUnavailableError("No upstream is available.")
             tried.add(index)
+            if not self._upstreams[index].breaker.acquire():  # its half-open trial is taken
+                if len(tried) == len(self._upstreams):
+                    raise EngineUnavailableError("No upstream is available.")
+                continue
             exchange = _Exchange(self._upstreams[index], StreamReader(choices=options.n))
             try:
                 first = await self._open(exchange, path, body)
@@ -317,7 +322,7 @@ class UpstreamEngine:
             raw += chunk
             if len(raw) > _ERROR_BODY_BYTES:
                 break
-        message, param, code = _error_fields(raw)
+        message, param, code = error_fields(raw)
         wait = retry_after(response.headers.get("retry-after"))
         label = upstream.label
         if status in RETRY_STATUSES:
@@ -499,24 +504,3 @@ def _affinity_key(prompt: Prompt) -> str:
     if prompt.text is not None:
         return prompt.text
     return ",".join(str(i) for i in prompt.ids[:256])
-
-
-def _error_fields(raw: bytes) -> tuple[str | None, str | None, str | None]:
-    """An OpenAI-style error body's message, param and code (None where absent)."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        text = raw.decode("utf-8", "replace").strip()[:500]
-        return text or None, None, None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, str):
-        return error, None, None
-    if not isinstance(error, dict):
-        detail = data.get("detail") if isinstance(data, dict) else None
-        return (str(detail) if detail else None), None, None
-    param, code = error.get("param"), error.get("code")
-    return (
-        str(error.get("message") or "") or None,
-        str(param) if param is not None else None,
-        str(code) if code is not None else None,
-    )

@@ -16,7 +16,7 @@ import httpx
 
 from sluicegate.engine.protocol import ChatEncoding, ChatMessages, Tokenized, Tools
 from sluicegate.engine.tokenizer import estimated_encoding
-from sluicegate.engine.upstream.wire import wire_message
+from sluicegate.engine.upstream.wire import error_fields, wire_message
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 UNKNOWN_VOCAB = 2**31 - 1
@@ -110,20 +110,11 @@ class RemoteTokenizer:
         except httpx.HTTPError as exc:
             raise EngineUnavailableError(f"The upstream's {path} did not answer.") from exc
         if response.status_code == 400:
-            raise InvalidRequestError(_message(response))
+            message = error_fields(response.content)[0]
+            raise InvalidRequestError(message or f"The upstream's {path} refused the input.")
         if response.status_code != 200:
             raise EngineUnavailableError(f"The upstream's {path} answered {response.status_code}.")
         answer = response.json()
         if not isinstance(answer, dict):
             raise EngineUnavailableError(f"The upstream's {path} sent no JSON object.")
         return answer
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error")
-    except ValueError:
-        return response.text[:500]
-    if isinstance(error, dict):
-        return str(error.get("message") or "")
-    return str(error or response.text[:500])

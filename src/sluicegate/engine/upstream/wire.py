@@ -288,3 +288,25 @@ class UpstreamStreamError(Exception):
     def __init__(self, error: Any) -> None:
         message = error.get("message") if isinstance(error, dict) else str(error)
         super().__init__(message or "the upstream reported an error")
+
+
+def error_fields(raw: bytes) -> tuple[str | None, str | None, str | None]:
+    """An upstream's error body: the message, param and code of OpenAI's shape (None where
+    absent), or the text or FastAPI `detail` of another."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        text = raw.decode("utf-8", "replace").strip()[:500]
+        return text or None, None, None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        return error, None, None
+    if not isinstance(error, dict):
+        detail = data.get("detail") if isinstance(data, dict) else None
+        return (str(detail) if detail else None), None, None
+    param, code = error.get("param"), error.get("code")
+    return (
+        str(error.get("message") or "") or None,
+        str(param) if param is not None else None,
+        str(code) if code is not None else None,
+    )

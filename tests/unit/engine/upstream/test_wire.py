@@ -132,3 +132,14 @@ def test_events_of_one_read_become_one_step_per_choice() -> None:
     assert (delta.text, delta.num_tokens) == ("abc", 3)
     assert reader.feed_lines(["data: [DONE]", "data: " + _chunk("late")]) is None
     assert reader.done
+
+
+def test_error_bodies_of_every_shape_give_their_message() -> None:
+    from sluicegate.engine.upstream.wire import error_fields
+
+    openai = b'{"error": {"message": "bad", "type": "x", "param": "n", "code": 7}}'
+    assert error_fields(openai) == ("bad", "n", "7")
+    assert error_fields(b'{"detail": "Not Found"}') == ("Not Found", None, None)
+    assert error_fields(b'["not", "an", "object"]') == (None, None, None)
+    assert error_fields(b"plain text") == ("plain text", None, None)
+    assert error_fields(b"") == (None, None, None)
