@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     upstream_health_interval: float = Field(
         default=5.0, gt=0, description="Seconds between health probes of each upstream."
     )
+    upstream_health_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Health probes in a row that must fail before an upstream is taken out "
+        "(one success puts it back): a busy server answering one probe late stays in.",
+    )
     upstream_prefix_affinity: bool = Field(
         default=False,
         description="Send prompts that start alike to the same upstream (its prefix cache), "

@@ -205,6 +205,7 @@ def upstream_config(settings: Settings) -> UpstreamConfig:
         affinity=affinity,
         health_path=settings.upstream_health_path,
         health_interval=settings.upstream_health_interval,
+        health_failures=settings.upstream_health_failures,
         tokenizer=settings.tokenizer,
         served_model_name=settings.served_model_name,
         max_model_len=settings.max_model_len,

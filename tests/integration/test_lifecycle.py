@@ -115,12 +115,16 @@ def test_with_exit_on_engine_death_off_the_gateway_stays_up_answering_503(
 
 def test_sigterm_drains_20_live_streams_intact_and_exits_0(tmp_path: Path) -> None:
     gateway = start_gateway(tmp_path, "--shutdown-timeout", "60")
+    # Long enough that the streams outlast the checks made while they drain, on a busy
+    # machine too (at 48 tokens they had all ended, and the server exited, before the check
+    # of a refused request).
+    body = {**STREAM_BODY, "max_tokens": 192, "ignore_eos": True}
     streams: list[list[str]] = [[] for _ in range(20)]
     started = [threading.Event() for _ in streams]
 
     def consume(i: int) -> None:
         with httpx.stream(
-            "POST", f"{gateway.url}/v1/chat/completions", json=STREAM_BODY, timeout=180
+            "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=180
         ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -139,9 +143,8 @@ def test_sigterm_drains_20_live_streams_intact_and_exits_0(tmp_path: Path) -> No
         while httpx.get(f"{gateway.url}/ready", timeout=5).status_code != 503:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        refused = httpx.post(
-            f"{gateway.url}/v1/chat/completions", json={**STREAM_BODY, "stream": False}
-        )
+        refused = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "stream": False})
+        assert any(reader.is_alive() for reader in readers), "the drain was still under way"
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "shutting_down"
         assert refused.headers["retry-after"] == "1"

@@ -6,6 +6,9 @@ an unknown model, dropped streams. A real Prometheus (Debian's package) scrapes 
 second with the shipped alert rules loaded. Then every PromQL expression of the Grafana
 dashboard and of the alert rules runs against Prometheus's HTTP API and must return data.
 The gateway exports its traces over OTLP/HTTP to a sink in this test, which checks them.
+
+A second gateway, in upstream mode, fronts the first (a real upstream over HTTP) and takes a
+share of the load, so that the dashboard's upstream row has data too; Prometheus scrapes both.
 """
 
 from __future__ import annotations
@@ -117,13 +120,13 @@ class PrometheusServer:
             self.process.wait(10)
 
 
-def start_prometheus(workdir: Path, target: str) -> PrometheusServer:
+def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: run scripts/ensure-prometheus.sh"
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [{"job_name": "sluicegate", "static_configs": [{"targets": [target]}]}],
+        "scrape_configs": [{"job_name": "sluicegate", "static_configs": [{"targets": targets}]}],
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
@@ -276,12 +279,42 @@ async def drive_load(url: str, seconds: float) -> LoadReport:
     return report
 
 
+async def drive_upstream_load(url: str, seconds: float) -> LoadReport:
+    """Through the upstream-mode gateway: chats, streamed and not, one a second."""
+    report = LoadReport()
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=180) as http:
+        turn = 0
+        while time.monotonic() < deadline:
+            turn += 1
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": f"Count to {turn}."}],
+                "max_tokens": 6,
+                "temperature": 0.7,
+                "stream": turn % 2 == 0,
+            }
+            response = await http.post(f"{url}/v1/chat/completions", json=body)
+            report.add("upstream", response.status_code)
+            await asyncio.sleep(1)
+    return report
+
+
+async def drive_both(url: str, upstream_mode_url: str, seconds: float) -> LoadReport:
+    report, through_upstream = await asyncio.gather(
+        drive_load(url, seconds), drive_upstream_load(upstream_mode_url, seconds)
+    )
+    report.statuses.update(through_upstream.statuses)
+    return report
+
+
 # ---- fixtures ------------------------------------------------------------------------------
 
 
 @dataclass
 class Monitored:
     gateway: GatewayProcess
+    upstream_mode: GatewayProcess
     prometheus: PrometheusServer
     sink: OtlpSink
     load: LoadReport
@@ -301,15 +334,26 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
             "NO_PROXY": "127.0.0.1,localhost",
         },
     )
-    prometheus = None
+    prometheus = upstream_mode = None
     try:
-        prometheus = start_prometheus(workdir, f"127.0.0.1:{gateway.port}")
-        load = asyncio.run(drive_load(gateway.url, LOAD_SECONDS))
+        upstream_mode = start_gateway(
+            workdir,
+            env={
+                "SLUICEGATE_UPSTREAM_URLS": f"{gateway.url}/v1",
+                "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "1",
+                "SLUICEGATE_CACHE_POLICY": "off",
+            },
+        )
+        targets = [f"127.0.0.1:{g.port}" for g in (gateway, upstream_mode)]
+        prometheus = start_prometheus(workdir, targets)
+        load = asyncio.run(drive_both(gateway.url, upstream_mode.url, LOAD_SECONDS))
         time.sleep(3)  # a few more scrapes after the last request
-        yield Monitored(gateway, prometheus, sink, load)
+        yield Monitored(gateway, upstream_mode, prometheus, sink, load)
     finally:
         if prometheus is not None:
             prometheus.stop()
+        if upstream_mode is not None:
+            upstream_mode.stop()
         gateway.stop()
         sink.shutdown()
         sink.server_close()
@@ -320,7 +364,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
 
 def test_the_load_exercised_every_path(monitored: Monitored) -> None:
     statuses = monitored.load.statuses
-    for kind in ("clamped", "trimmed", "traced", "cacheable", "stream", "dropped"):
+    for kind in ("clamped", "trimmed", "traced", "cacheable", "stream", "dropped", "upstream"):
         assert set(statuses[kind]) == {200}, (kind, statuses[kind])
     assert set(statuses["unknown_model"]) == {404}
 
@@ -346,7 +390,9 @@ def _check(prometheus: PrometheusServer, query: Query) -> str | None:
 def test_every_dashboard_query_returns_data(monitored: Monitored) -> None:
     variables = {
         "model": MODEL_NAME,
-        "instance": f"127.0.0.1:{monitored.gateway.port}",
+        "instance": "|".join(
+            f"127.0.0.1:{g.port}" for g in (monitored.gateway, monitored.upstream_mode)
+        ),
         "__rate_interval": "1m",
         "__interval": "15s",
         "__range": "5m",
@@ -393,7 +439,8 @@ def test_cache_hits_budget_clamps_trims_errors_and_disconnects_were_counted(
     assert total('sluicegate_errors_total{code="model_not_found"}') > 0
     assert total("sluicegate_client_disconnects_total") > 0
     assert total("vllm:prefix_cache_hits_total") > 0
-    assert total('up{job="sluicegate"}') == 1
+    assert total('up{job="sluicegate"}') == 2
+    assert total('sluicegate_upstream_requests_total{outcome="ok"}') > 0
 
 
 def _hex(raw: bytes) -> str:

@@ -104,22 +104,27 @@ class EventStreamResponse(Response):
     async def _pump(self, send: Send) -> GatewayError | None:
         """Send the events; the error that ended the stream early, or None at its end.
         Raises `SendStalled` when the client stopped reading."""
+        watchdog = _Watchdog(self._deadline, self._stall_timeout)
         async with contextlib.aclosing(self._events) as events:
             try:
                 start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-                await self._send(send, start)
+                await watchdog.send(send, start)
                 self._started = True
                 if self._first:
-                    await self._send(send, _event(self._first))
+                    await watchdog.send(send, _event(self._first))
                 while True:
                     try:
-                        async with asyncio.timeout_at(self._next_deadline()):
-                            event = await anext(events)
+                        event = await anext(events)
                     except StopAsyncIteration:
                         return None
-                    await self._send(send, _event(event))
-            except TimeoutError:
-                return DeadlineExceededError(_STALLED)
+                    watchdog.progress()
+                    await watchdog.send(send, _event(event))
+            except asyncio.CancelledError:
+                if watchdog.expired():
+                    if watchdog.sending:
+                        raise SendStalled() from None
+                    return DeadlineExceededError(_STALLED)
+                raise
             except GatewayError as exc:
                 return exc
             except SendStalled:
@@ -127,17 +132,65 @@ class EventStreamResponse(Response):
             except Exception:
                 logger.exception("stream failed after the first byte")
                 return GatewayError()
+            finally:
+                watchdog.close()
 
-    async def _send(self, send: Send, message: Message) -> None:
-        try:
-            async with asyncio.timeout_at(self._next_deadline()):
-                await send(message)
-        except TimeoutError:
-            raise SendStalled() from None
 
-    def _next_deadline(self) -> float | None:
-        now = asyncio.get_running_loop().time()
-        return next_deadline(now, self._deadline, self._stall_timeout)
+class _Watchdog:
+    """The stream's time limits, with one timer per stream rather than one per event.
+
+    Each event and each send is a step of progress. The timer fires at the earliest moment a
+    limit could be passed (the next event's or send's `stall_timeout` after the last
+    progress, or the `deadline`); if progress came since, it is set again for later, and if
+    not, the streaming task is cancelled. `expired` then tells that cancellation from any
+    other (the client leaving, the server stopping), as `asyncio.timeout` does."""
+
+    def __init__(self, deadline: float | None, stall_timeout: float | None):
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._deadline = deadline
+        self._stall_timeout = stall_timeout
+        self._cancelling = self._task.cancelling() if self._task else 0
+        self._last = self._loop.time()
+        self._fired = False
+        self._handle: asyncio.TimerHandle | None = None
+        self.sending = False
+        self._arm()
+
+    def progress(self) -> None:
+        self._last = self._loop.time()
+
+    async def send(self, send: Send, message: Message) -> None:
+        self.sending = True
+        await send(message)
+        self.sending = False
+        self._last = self._loop.time()
+
+    def expired(self) -> bool:
+        """Whether this watchdog cancelled the task (and that is the only cancellation)."""
+        if not self._fired or self._task is None:
+            return False
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        when = next_deadline(self._last, self._deadline, self._stall_timeout)
+        if when is not None and self._task is not None:
+            self._handle = self._loop.call_at(when, self._check)
+
+    def _check(self) -> None:
+        when = next_deadline(self._last, self._deadline, self._stall_timeout)
+        if when is not None and when > self._loop.time():
+            self._handle = self._loop.call_at(when, self._check)
+            return
+        self._handle = None
+        self._fired = True
+        assert self._task is not None
+        self._task.cancel()
 
 
 def _event(body: bytes) -> Message:

@@ -266,13 +266,21 @@ UPSTREAM_BREAKER_STATE = Gauge(
 )
 UPSTREAM_HEALTHY = Gauge(
     "sluicegate_upstream_healthy",
-    "1 while the upstream's last health probe succeeded.",
+    "1 while the upstream is in: out after `upstream_health_failures` failed probes in a "
+    "row, back at one success.",
     ["upstream"],
 )
 UPSTREAM_IN_FLIGHT = Gauge(
     "sluicegate_upstream_in_flight",
     "Requests in flight to each upstream.",
     ["upstream"],
+)
+UPSTREAM_AFFINITY_PICKS = Counter(
+    "sluicegate_upstream_affinity_picks_total",
+    "With prefix affinity, upstreams picked for a request, by how: `home` (the prefix's own "
+    "upstream on the ring) or `spilled` (a later one on the ring: the home was over its load "
+    "bound, unavailable, or already tried).",
+    ["upstream", "result"],
 )
 UPSTREAM_OUTCOMES = (
     "ok",
@@ -285,6 +293,8 @@ UPSTREAM_OUTCOMES = (
     "stream_error",
     "cancelled",
 )
+UPSTREAM_RETRY_REASONS = ("rate_limited", "server_error", "connect_error", "reset")
+"""The outcomes a request is tried again after (the `reason` of `UPSTREAM_RETRIES`)."""
 
 
 # ---- logs ----------------------------------------------------------------------------------

@@ -79,3 +79,80 @@ async def test_the_error_event_goes_out_when_the_client_reads_again() -> None:
     assert json.loads(events[0])["error"]["code"] == "timeout"
     assert events[-1] == "[DONE]"
     assert socket.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class Finite:
+    """`count` events `every` seconds apart, then a pause of `pause` seconds, then the end."""
+
+    def __init__(self, count: int, every: float, pause: float = 0.0) -> None:
+        self.count, self.every, self.pause = count, every, pause
+        self.closed = asyncio.Event()
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        try:
+            for _ in range(self.count):
+                await asyncio.sleep(self.every)
+                yield b'data: {"x": 1}\n\n'
+            await asyncio.sleep(self.pause)
+        finally:
+            self.closed.set()
+
+
+def data_lines(socket: Socket) -> list[str]:
+    text = b"".join(m.get("body", b"") for m in socket.sent).decode()
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def run_stream(source: Finite, **limits: float) -> Socket:
+    socket = Socket(room=10_000)
+    response = EventStreamResponse(source.events(), **limits)  # type: ignore[arg-type]
+    await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 10)
+    return socket
+
+
+async def test_a_stream_that_keeps_coming_outlives_many_stall_limits() -> None:
+    # 60 events 10 ms apart: 0.6 s of a stream under a 50 ms stall limit, which one timer per
+    # stream must re-arm after every event rather than fire.
+    source = Finite(count=60, every=0.01)
+    socket = await run_stream(source, stall_timeout=0.05)
+    events = data_lines(socket)
+    assert len(events) == 61 and events[-1] == "[DONE]"
+
+
+async def test_an_event_source_that_stalls_ends_with_a_timeout_error_and_is_closed() -> None:
+    source = Finite(count=5, every=0.01, pause=5.0)
+    started = time.monotonic()
+    socket = await run_stream(source, stall_timeout=0.2)
+    assert time.monotonic() - started < 1.5
+    assert source.closed.is_set()
+    events = data_lines(socket)
+    assert len(events) == 7
+    assert json.loads(events[5])["error"]["code"] == "timeout"
+    assert events[-1] == "[DONE]"
+
+
+async def test_the_deadline_ends_a_stream_whose_events_keep_coming() -> None:
+    source = Finite(count=1000, every=0.01)
+    deadline = asyncio.get_running_loop().time() + 0.3
+    started = time.monotonic()
+    socket = await run_stream(source, stall_timeout=5.0, deadline=deadline)
+    assert time.monotonic() - started < 1.5
+    assert source.closed.is_set()
+    events = data_lines(socket)
+    assert 10 < len(events) < 100
+    assert json.loads(events[-2])["error"]["code"] == "timeout"
+
+
+async def test_a_cancelled_stream_is_cancelled_not_timed_out() -> None:
+    # The server cancelling the stream (the client gone) stays a cancellation, even with the
+    # stall limit about to fire.
+    source = Finite(count=1, every=0.01, pause=5.0)
+    socket = Socket(room=10_000)
+    response = EventStreamResponse(source.events(), stall_timeout=0.1)
+    task = asyncio.ensure_future(response({"type": "http"}, never_disconnects, socket.send))
+    await asyncio.sleep(0.09)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert task.cancelled()
+    assert source.closed.is_set()
+    assert "[DONE]" not in data_lines(socket)

@@ -22,6 +22,7 @@ from collections.abc import Collection, Sequence
 
 from sluicegate.engine.upstream.config import AffinityConfig
 from sluicegate.engine.upstream.server import Upstream
+from sluicegate.observability import metrics
 
 _POINTS_PER_WEIGHT = 64
 
@@ -57,9 +58,12 @@ class Balancer:
         if not candidates:
             return None
         if self._affinity is not None and prefix:
-            chosen = self._affine(prefix[: self._affinity.chars], set(candidates))
-            if chosen is not None:
-                return chosen
+            chosen, spilled = self._affine(prefix[: self._affinity.chars], set(candidates))
+            if chosen is None:  # not reached: the least loaded is always within a bound >= 1
+                chosen = self._two_choices(candidates)
+            result = "spilled" if spilled else "home"
+            metrics.UPSTREAM_AFFINITY_PICKS.labels(self.upstreams[chosen].label, result).inc()
+            return chosen
         return self._two_choices(candidates)
 
     def _two_choices(self, candidates: list[int]) -> int:
@@ -75,11 +79,15 @@ class Balancer:
         upstream = self.upstreams[index]
         return upstream.in_flight / upstream.weight
 
-    def _affine(self, prefix: str, candidates: set[int]) -> int | None:
+    def _affine(self, prefix: str, candidates: set[int]) -> tuple[int | None, bool]:
+        """The first upstream on the ring from the prefix's hash that is available and within
+        its bound, and whether it is not the prefix's home (the first on the ring): the
+        request spilled over."""
         assert self._affinity is not None
         total_weight = sum(self.upstreams[i].weight for i in candidates)
         in_flight = sum(self.upstreams[i].in_flight for i in candidates) + 1
         start = bisect.bisect(self._ring, (_hash(prefix), -1))
+        home = self._ring[start % len(self._ring)][1]
         seen: set[int] = set()
         for step in range(len(self._ring)):
             _, index = self._ring[(start + step) % len(self._ring)]
@@ -89,10 +97,10 @@ class Balancer:
             upstream = self.upstreams[index]
             share = in_flight * upstream.weight / total_weight
             if upstream.in_flight + 1 <= math.ceil(self._affinity.load_factor * share):
-                return index
+                return index, index != home
             if len(seen) == len(candidates):
                 break
-        return None
+        return None, True
 
 
 def _hash(text: str) -> int:

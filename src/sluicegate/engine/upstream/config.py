@@ -62,6 +62,8 @@ class UpstreamConfig:
     affinity: AffinityConfig | None = None
     health_path: str = "/v1/models"
     health_interval: float = 5.0
+    health_failures: int = 3
+    """Probes in a row that must fail before an upstream is marked unhealthy."""
     tokenizer: str | None = None
     """A local tokenizer (folder or hub id); None: the upstream's `/tokenize`, if any."""
     served_model_name: str | None = None

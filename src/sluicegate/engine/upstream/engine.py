@@ -95,6 +95,8 @@ class UpstreamEngine:
             label = upstream.label
             for outcome in metrics.UPSTREAM_OUTCOMES:
                 metrics.UPSTREAM_REQUESTS.labels(label, outcome)
+            for reason in metrics.UPSTREAM_RETRY_REASONS:
+                metrics.UPSTREAM_RETRIES.labels(label, reason)
             metrics.UPSTREAM_HEALTHY.labels(label).set(1)
             metrics.UPSTREAM_IN_FLIGHT.labels(label).set(0)
             metrics.UPSTREAM_BREAKER_STATE.labels(label).set_function(upstream.breaker.value)
@@ -406,9 +408,13 @@ class UpstreamEngine:
                 upstream.origin() + self._config.health_path,
                 timeout=min(_HEALTH_TIMEOUT, self._config.health_interval),
             )
-            healthy = response.status_code == 200
+            answered = response.status_code == 200
         except httpx.HTTPError:
-            healthy = False
+            answered = False
+        upstream.failed_probes = 0 if answered else upstream.failed_probes + 1
+        healthy = answered or (
+            upstream.healthy and upstream.failed_probes < self._config.health_failures
+        )
         if healthy != upstream.healthy:
             log = logger.info if healthy else logger.warning
             log("upstream %s is %s", upstream.label, "healthy" if healthy else "unhealthy")

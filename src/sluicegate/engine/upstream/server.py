@@ -27,7 +27,9 @@ class Upstream:
         """The URL without credentials: the `upstream` label of metrics and logs."""
         self.breaker = Breaker(breaker)
         self.healthy = True
-        """What the last health probe said (an upstream starts trusted)."""
+        """What the health probes said (an upstream starts trusted)."""
+        self.failed_probes = 0
+        """Health probes failed in a row."""
         self.in_flight = 0
         self.not_before = 0.0
         """Monotonic time before which it asked not to be sent requests (Retry-After)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from prometheus_client import REGISTRY
+
 from sluicegate.engine.upstream.balancer import Balancer
 from sluicegate.engine.upstream.breaker import Breaker
 from sluicegate.engine.upstream.config import AffinityConfig, BreakerConfig, PoolConfig, RetryConfig
@@ -130,3 +132,36 @@ def test_affinity_sends_a_prefix_to_one_upstream_until_it_is_overloaded() -> Non
     assert home is not None
     upstreams[home].in_flight = 8  # far above its share of 8 + 1 in flight
     assert balancer.pick(prefix) != home
+
+
+def _picks(label: str, result: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "sluicegate_upstream_affinity_picks_total", {"upstream": label, "result": result}
+    )
+    return value or 0.0
+
+
+def test_affine_picks_are_counted_as_home_or_spilled() -> None:
+    upstreams = _upstreams(1, 1)
+    balancer = Balancer(upstreams, AffinityConfig(chars=64, load_factor=1.0), random.Random(1))
+    prefix = "a shared system prompt " * 4
+    home = balancer.pick(prefix)
+    assert home is not None
+    other = 1 - home
+    before = {
+        (i, r): _picks(upstreams[i].label, r) for i in (home, other) for r in ("home", "spilled")
+    }
+
+    def added(index: int, result: str) -> float:
+        return _picks(upstreams[index].label, result) - before[(index, result)]
+
+    assert balancer.pick(prefix) == home
+    assert added(home, "home") == 1
+    upstreams[home].in_flight = 3  # above its bound: 3 + 1 > 1.0 x (3 + 1) / 2
+    assert balancer.pick(prefix) == other
+    assert added(other, "spilled") == 1
+    # The home is within its bound again: 3 + 1 <= ceil((3 + 3 + 1) / 2).
+    upstreams[other].in_flight = 3
+    assert balancer.pick(prefix) == home
+    assert added(home, "home") == 2
+    assert added(home, "spilled") == added(other, "home") == 0

@@ -1,0 +1,49 @@
+"""The health probes' hysteresis, over a fake upstream (httpx's mock transport): one late or
+failed probe does not take a busy upstream out; `health_failures` in a row do, and one
+success puts it back."""
+
+from __future__ import annotations
+
+import httpx
+
+from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig, UpstreamConfig
+from sluicegate.engine.upstream.engine import UpstreamEngine
+from sluicegate.engine.upstream.server import Upstream
+
+
+class FakeUpstreamHealth:
+    """Answers each probe with the next status of `statuses` (0: the connection fails)."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        status = self.statuses.pop(0)
+        if status == 0:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(status, json={"data": []})
+
+
+async def test_an_upstream_is_taken_out_after_failures_in_a_row_and_back_after_one_success() -> (
+    None
+):
+    fake = FakeUpstreamHealth()
+    upstream = Upstream(
+        "http://10.0.0.1:8000/v1",
+        1.0,
+        PoolConfig(),
+        BreakerConfig(),
+        transport=httpx.MockTransport(fake.handler),
+    )
+    config = UpstreamConfig(urls=((upstream.url, 1.0),), health_failures=3)
+    engine = UpstreamEngine(config, [upstream], "model", 2048)
+    seen = []
+    fake.statuses = [200, 503, 0, 200, 503, 0, 503, 503, 200]
+    for _ in range(len(fake.statuses)):
+        await engine._probe(upstream)
+        seen.append(upstream.healthy)
+    # A failure, another, then a success: never out. Then three failures in a row: out at the
+    # third, still out at the fourth, back at the first success.
+    assert seen == [True, True, True, True, True, True, False, False, True]
+    await engine.check_health()
+    await upstream.close()
