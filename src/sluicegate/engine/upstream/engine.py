@@ -12,7 +12,9 @@ iterator (the client left) closes the upstream response, and with it the connect
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
+import json
 import logging
 import random
 import time
@@ -33,6 +35,7 @@ from sluicegate.engine.protocol import (
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.upstream.balancer import Balancer
 from sluicegate.engine.upstream.config import UpstreamConfig
+from sluicegate.engine.upstream.reads import coalesced
 from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.engine.upstream.tokenizer import RemoteTokenizer
@@ -56,6 +59,7 @@ from sluicegate.observability import metrics
 logger = logging.getLogger(__name__)
 
 _ERROR_BODY_BYTES = 64 * 1024
+_JSON = {"Content-Type": "application/json"}
 _HEALTH_TIMEOUT = 2.0
 
 
@@ -161,6 +165,7 @@ class UpstreamEngine:
         path, body = request_body(self.model, prompt, options, options.max_tokens_given)
         if priority:
             body["priority"] = priority
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
@@ -175,7 +180,7 @@ class UpstreamEngine:
                 continue
             exchange = _Exchange(self._upstreams[index], StreamReader(choices=options.n))
             try:
-                first = await self._open(exchange, path, body)
+                first = await self._open(exchange, path, content)
             except _TryFailed as failed:
                 await self._end(exchange)
                 delay = self._retry_delay(exchange.upstream, failed.failure, attempt, tried)
@@ -216,7 +221,7 @@ class UpstreamEngine:
 
     # ---- one try ----------------------------------------------------------------------------
 
-    async def _open(self, exchange: _Exchange, path: str, body: dict[str, Any]) -> EngineStep:
+    async def _open(self, exchange: _Exchange, path: str, content: bytes) -> EngineStep:
         """Send the request and read up to its first step; `_TryFailed` if it fails first."""
         upstream = exchange.upstream
         label = upstream.label
@@ -225,7 +230,9 @@ class UpstreamEngine:
         sent = time.perf_counter()
         try:
             # No X-Request-Id: llama.cpp's server refuses one that is not a UUID (400, no body).
-            request = upstream.client.build_request("POST", path, json=body)
+            request = upstream.client.build_request(
+                "POST", upstream.endpoint(path), content=content, headers=_JSON
+            )
             exchange.response = await upstream.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
@@ -291,18 +298,20 @@ class UpstreamEngine:
     async def _events(
         self, reader: StreamReader, response: httpx.Response
     ) -> AsyncGenerator[EngineStep, None]:
-        """One step per read from the connection, holding every event it brought: an
+        """One step for all the events that came since the last (`reads.coalesced`): an
         upstream faster than the gateway costs one pass down the pipeline per read, not one
         per event. Read to the body's end, past `[DONE]`: a response closed before its last
         chunk closes its connection too, and the next request would pay for a new one."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         partial = ""
-        async for text in response.aiter_text():
-            lines = (partial + text).split("\n")
-            partial = lines.pop()
-            step = reader.feed_lines(lines)
-            if step is not None:
-                yield step
-        step = reader.feed_lines([partial])
+        async with contextlib.aclosing(coalesced(response.aiter_bytes())) as pieces:
+            async for piece in pieces:
+                lines = (partial + decoder.decode(piece)).split("\n")
+                partial = lines.pop()
+                step = reader.feed_lines(lines)
+                if step is not None:
+                    yield step
+        step = reader.feed_lines([partial + decoder.decode(b"", final=True)])
         if step is not None:
             yield step
 

@@ -33,6 +33,7 @@ class Upstream:
         self.in_flight = 0
         self.not_before = 0.0
         """Monotonic time before which it asked not to be sent requests (Retry-After)."""
+        self._endpoints: dict[str, httpx.URL] = {}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
             base_url=self.url,
@@ -52,6 +53,14 @@ class Upstream:
             transport=transport,
             trust_env=False,
         )
+
+    def endpoint(self, path: str) -> httpx.URL:
+        """The absolute URL of `path` under the base URL, parsed once: httpx would otherwise
+        parse and join the two strings on every request."""
+        url = self._endpoints.get(path)
+        if url is None:
+            url = self._endpoints[path] = httpx.URL(self.url + path)
+        return url
 
     def origin(self) -> str:
         """The scheme and host, for paths outside /v1 (`/health`, `/tokenize`)."""
