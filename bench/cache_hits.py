@@ -79,9 +79,18 @@ def wrk(url: str, payloads: list[str], concurrency: int, duration: int) -> dict[
         raise SystemExit(f"wrk saw errors against {url}:\n{out}")
     return {
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
-        "p50": _ms(re.search(r"50%\s+(\S+)", out).group(1)),  # type: ignore[union-attr]
-        "p99": _ms(re.search(r"99%\s+(\S+)", out).group(1)),  # type: ignore[union-attr]
+        "p50": _percentile(out, 50),
+        "p99": _percentile(out, 99),
     }
+
+
+def _percentile(out: str, percent: int) -> float:
+    """A line of wrk's latency distribution, in ms. Anchored at the line's start: a "+/- Stdev"
+    column such as "87.50%" would match a bare `50%`."""
+    found = re.search(rf"^\s*{percent}%\s+(\S+)\s*$", out, re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"no {percent}% line in wrk's output:\n{out}")
+    return _ms(found.group(1))
 
 
 def _ms(value: str) -> float:

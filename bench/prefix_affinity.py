@@ -68,6 +68,16 @@ def prefix_counters(text: str) -> dict[str, float]:
     return totals
 
 
+def affinity_picks(text: str) -> dict[str, float]:
+    """sluicegate's `sluicegate_upstream_affinity_picks_total`, summed by `result`."""
+    picks = {"home": 0.0, "spilled": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sluicegate_upstream_affinity_picks_total":
+                picks[sample.labels["result"]] += sample.value
+    return picks
+
+
 def workload(phase: int, args: argparse.Namespace) -> list[list[dict[str, str]]]:
     """The phase's conversations: every system prompt with every question, shuffled."""
     rng = random.Random(phase)
@@ -144,6 +154,8 @@ def phase(affinity: bool, index: int, ports: list[int], args: argparse.Namespace
     upstreams = ",".join(f"http://127.0.0.1:{p}/v1" for p in ports)
     extra = {
         "SLUICEGATE_UPSTREAM_PREFIX_AFFINITY": str(affinity).lower(),
+        "SLUICEGATE_UPSTREAM_AFFINITY_LOAD": str(args.affinity_load),
+        "SLUICEGATE_UPSTREAM_HEALTH_PATH": "/health",
         "SLUICEGATE_TOKENIZER": args.model,
         "SLUICEGATE_MAX_MODEL_LEN": str(args.max_model_len),
     }
@@ -152,19 +164,23 @@ def phase(affinity: bool, index: int, ports: list[int], args: argparse.Namespace
         before = [counters(p) for p in ports]
         result = asyncio.run(drive(args.port, workload(index, args), args))
         after = [counters(p) for p in ports]
+        picks = affinity_picks(httpx.get(f"http://127.0.0.1:{args.port}/metrics").text)
     finally:
         stop(gateway)
     per_upstream = [
         {name: a[name] - b[name] for name in COUNTERS} for a, b in zip(after, before, strict=True)
     ]
-    return {"affinity": affinity, "phase": index, **result, "upstreams": per_upstream}
+    return {
+        "affinity": affinity, "phase": index, **result, "upstreams": per_upstream, "picks": picks,
+    }  # fmt: skip
 
 
 def table(phases: list[dict[str, Any]]) -> str:
     lines = [
         "| phase | affinity | requests | req/s | prompt tok/s | median latency ms "
-        "| prefix-cache hit rate | queries per upstream (tokens) | hits per upstream |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| prefix-cache hit rate | queries per upstream (tokens) | hits per upstream "
+        "| affine picks: home / spilled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         queries = [u["vllm:prefix_cache_queries"] for u in p["upstreams"]]
@@ -174,7 +190,8 @@ def table(phases: list[dict[str, Any]]) -> str:
             f"| {p['phase'] + 1} | {'on' if p['affinity'] else 'off'} | {p['requests']} "
             f"| {p['requests'] / p['elapsed']:.2f} | {p['prompt_tokens'] / p['elapsed']:.0f} "
             f"| {1000 * p['median_latency']:.0f} | {100 * rate:.1f}% "
-            f"| {_split(queries)} | {_split(hits)} |"
+            f"| {_split(queries)} | {_split(hits)} "
+            f"| {_split([p['picks']['home'], p['picks']['spilled']]) if p['affinity'] else '-'} |"
         )
     return "\n".join(lines)
 
@@ -197,6 +214,9 @@ def main() -> None:
         parser.add_argument("--questions", type=int, default=16, help="per prefix")
         parser.add_argument("--max-tokens", type=int, default=4)
         parser.add_argument("--num-blocks", type=int, help="cap each engine's KV cache blocks")
+        parser.add_argument(
+            "--affinity-load", type=float, default=1.25, help="SLUICEGATE_UPSTREAM_AFFINITY_LOAD"
+        )
 
     args = parse_args(__doc__.splitlines()[0], [8], 1, 1, 1, 8850, extra)
     args.concurrency_level = args.concurrency[0]
@@ -217,7 +237,8 @@ def main() -> None:
         f"Machine: {machine()}; two vLLM servers behind sluicegate; {args.prefixes} system "
         f"prompts of ~{args.prefix_words} words x {args.questions} questions, random order, "
         f"concurrency {args.concurrency_level}, {args.max_tokens} output tokens; KV blocks per "
-        f"engine: {args.num_blocks or 'default'}; {time.strftime('%Y-%m-%d')}"
+        f"engine: {args.num_blocks or 'default'}; affinity load bound {args.affinity_load}; "
+        f"{time.strftime('%Y-%m-%d')}"
     )
     publish("prefix-affinity", heading, phases, table(phases))
 

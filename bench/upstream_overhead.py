@@ -166,26 +166,40 @@ def request_body(index: int, max_tokens: int) -> bytes:
 class Reading:
     ttfb: float
     latency: float
-    events: int
+    tokens: int
+    """The completion tokens the stream's usage event reports (0 without one)."""
     complete: bool
 
 
 async def send(http: aiohttp.ClientSession, url: str, body: bytes) -> Reading:
-    """One streamed request: first body bytes, end, SSE events counted, [DONE] at the end."""
+    """One streamed request: first body bytes, end, [DONE] at the end, and the completion
+    tokens of its usage event (read after the clock stopped). Not the number of events: a
+    gateway may join the events that came in one read (sluicegate does)."""
     started = time.perf_counter()
     first = 0.0
-    events = 0
-    tail = b""
+    pieces = []
     async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
         if r.status != 200:
             raise RuntimeError(f"{url}: {r.status} {await r.text()}")
         async for data in r.content.iter_any():
             if not first:
                 first = time.perf_counter()
-            events += (tail[-1:] + data).count(b"\n\n")
-            tail = data
+            pieces.append(data)
     end = time.perf_counter()
-    return Reading(first - started, end - started, events, tail.endswith(b"data: [DONE]\n\n"))
+    whole = b"".join(pieces)
+    return Reading(
+        first - started, end - started, usage_tokens(whole), whole.endswith(b"data: [DONE]\n\n")
+    )
+
+
+def usage_tokens(stream: bytes) -> int:
+    """`usage.completion_tokens` of the last event that has a usage, else 0."""
+    for line in reversed(stream.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                return int(usage.get("completion_tokens") or 0)
+    return 0
 
 
 async def load(url: str, requests: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
@@ -204,7 +218,7 @@ async def load(url: str, requests: int, concurrency: int, max_tokens: int) -> di
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    broken = [r for r in readings if not r.complete or r.events < max_tokens]
+    broken = [r for r in readings if not r.complete or r.tokens != max_tokens]
     if broken:
         raise SystemExit(f"{url}: {len(broken)} streams ended early or short")
     return {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from prefix_affinity import order, prefix_counters, workload
+from prefix_affinity import affinity_picks, order, prefix_counters, workload
 
 EXPOSITION = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.
@@ -51,3 +51,15 @@ def test_no_phase_reuses_the_system_prompts_of_another() -> None:
 def test_phases_alternate_which_setting_goes_first() -> None:
     assert order(1) == [False, True]
     assert order(2) == [False, True, True, False]
+
+
+def test_affinity_picks_are_summed_by_result_over_upstreams() -> None:
+    exposition = """\
+# HELP sluicegate_upstream_affinity_picks_total Picks.
+# TYPE sluicegate_upstream_affinity_picks_total counter
+sluicegate_upstream_affinity_picks_total{result="home",upstream="http://a/v1"} 60.0
+sluicegate_upstream_affinity_picks_total{result="home",upstream="http://b/v1"} 50.0
+sluicegate_upstream_affinity_picks_total{result="spilled",upstream="http://b/v1"} 18.0
+sluicegate_upstream_affinity_picks_created{result="home",upstream="http://a/v1"} 1.7e9
+"""
+    assert affinity_picks(exposition) == {"home": 110.0, "spilled": 18.0}

@@ -48,7 +48,7 @@ def test_a_stream_cut_short_fails_the_turn(upstream: FaultUpstreamProcess) -> No
     try:
         with pytest.raises(RuntimeError, match="503"):
             uvloop.run(load(f"{upstream.url}/chat/completions", 5, 1, 8))
-        # 8 events asked for, 4 come: the stream is short.
+        # 50 tokens asked for, 8 come (the upstream's whole answer): the stream is short.
         with pytest.raises(SystemExit, match="short"):
             uvloop.run(load(f"{upstream.url}/chat/completions", 2, 1, 50))
     finally:
