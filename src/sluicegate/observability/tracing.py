@@ -50,6 +50,16 @@ tracer = trace.get_tracer(TRACER_NAME, __version__)
 _NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
 
+class _Tracing:
+    on = False
+    """Whether `Tracing.activate` has set a tracer provider (OpenTelemetry's cannot be unset).
+    Kept here because asking OpenTelemetry (`get_tracer_provider`) reads the environment on
+    every call until a provider is set: on every stage of every request, with tracing off."""
+
+
+_TRACING = _Tracing()
+
+
 def span(
     name: str, attributes: Mapping[str, AttributeValue] | None = None
 ) -> AbstractContextManager[trace.Span]:
@@ -57,7 +67,7 @@ def span(
 
     Without a tracer provider (tracing off) it is a shared do-nothing context: even a
     non-recording span costs tens of microseconds per stage on the hot path."""
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not _TRACING.on:
         return _NO_SPAN
     return tracer.start_as_current_span(name, attributes=attributes)
 
@@ -141,6 +151,7 @@ class Tracing:
             logger.info("tracing on: spans go to exporter(s) %s", names)
         if trace.get_tracer_provider() is not self.provider:
             trace.set_tracer_provider(self.provider)
+        _TRACING.on = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
         try:
             yield
         finally:
