@@ -215,7 +215,7 @@ def main() -> None:
         parser.add_argument("--max-tokens", type=int, default=4)
         parser.add_argument("--num-blocks", type=int, help="cap each engine's KV cache blocks")
         parser.add_argument(
-            "--affinity-load", type=float, default=1.25, help="SLUICEGATE_UPSTREAM_AFFINITY_LOAD"
+            "--affinity-load", type=float, default=2.0, help="SLUICEGATE_UPSTREAM_AFFINITY_LOAD"
         )
 
     args = parse_args(__doc__.splitlines()[0], [8], 1, 1, 1, 8850, extra)

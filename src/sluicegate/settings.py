@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         default=256, ge=16, description="Characters of the prompt's start that pick the upstream."
     )
     upstream_affinity_load: float = Field(
-        default=1.25,
+        default=2.0,
         ge=1,
         description="Bounded load: an upstream takes affine requests while its in-flight count "
         "is within this factor of the mean.",

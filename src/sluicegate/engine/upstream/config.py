@@ -46,7 +46,7 @@ class RetryConfig:
 class AffinityConfig:
     chars: int = 256
     """Characters of the prompt's start that are hashed."""
-    load_factor: float = 1.25
+    load_factor: float = 2.0
     """Bounded load: an upstream takes an affine request while its in-flight count stays
     within this factor of its weighted share of all in-flight requests."""
 
