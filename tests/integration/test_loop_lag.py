@@ -10,6 +10,7 @@ process, so that its upload shares no GIL with the probe.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -100,12 +101,20 @@ def test_health_answers_within_100_ms_while_a_hostile_body_is_worked_on(
     stalls_before = lag_samples_over(gateway.url, "0.1")
     sender = subprocess.Popen([sys.executable, "-c", send], stdout=subprocess.PIPE, text=True)
     waits: list[float] = []
-    with httpx.Client(base_url=gateway.url, timeout=60) as probe:
-        while sender.poll() is None:
-            started = time.perf_counter()
-            assert probe.get("/health").status_code == 200
-            waits.append(time.perf_counter() - started)
-            time.sleep(PROBE_EVERY_S)
+    # The probe times the gateway, not this process: late in a full run, pytest's process
+    # holds millions of objects, and one full collection of its own (0.4 s was seen in CI)
+    # would be counted as the gateway's stall.
+    gc.collect()
+    gc.disable()
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=60) as probe:
+            while sender.poll() is None:
+                started = time.perf_counter()
+                assert probe.get("/health").status_code == 200
+                waits.append(time.perf_counter() - started)
+                time.sleep(PROBE_EVERY_S)
+    finally:
+        gc.enable()
     status, _, answer = (sender.stdout.read() if sender.stdout else "").partition("\n")
     print(f"{name}: {len(waits)} probes, worst {max(waits) * 1000:.0f} ms, status {status}")
     # The request itself is answered: a completion, or (the prompt cannot fit) a clean 400.
@@ -115,5 +124,10 @@ def test_health_answers_within_100_ms_while_a_hostile_body_is_worked_on(
     elif status == "400":
         assert json.loads(answer)["error"]["code"] == "context_length_exceeded"
     assert len(waits) >= 3, "the request was too quick to probe"
-    assert max(waits) <= WORST_PROBE_S, f"{name}: /health waited {max(waits) * 1000:.0f} ms"
-    assert lag_samples_over(gateway.url, "0.1") == stalls_before
+    stalls = lag_samples_over(gateway.url, "0.1") - stalls_before
+    worst = max(waits)
+    assert worst <= WORST_PROBE_S, (
+        f"{name}: /health waited {worst * 1000:.0f} ms, probe {waits.index(worst) + 1} of "
+        f"{len(waits)}; the gateway's own loop-lag samples over 100 ms meanwhile: {stalls:g}"
+    )
+    assert stalls == 0
