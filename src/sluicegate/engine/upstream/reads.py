@@ -47,3 +47,5 @@ async def coalesced(source: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+        elif not reader.cancelled():
+            reader.exception()  # seen: closed early after the source failed, it is not news
