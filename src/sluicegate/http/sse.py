@@ -184,8 +184,8 @@ class _Watchdog:
 
     def _check(self) -> None:
         when = next_deadline(self._last, self._deadline, self._stall_timeout)
-        if when is not None and when > self._loop.time():
-            self._handle = self._loop.call_at(when, self._check)
+        if when is not None and when > self._loop.time():  # progress came since: later
+            self._arm()
             return
         self._handle = None
         self._fired = True

@@ -160,13 +160,17 @@ class TokenBudget:
         steps = ("cut_prompt",) if fitted != prompts else ()
         return self._fitted(fitted, before, ask, steps=steps)
 
+    def fits_whole(self, text: str) -> bool:
+        """Whether a text prompt is short enough in characters to be tokenized as it is."""
+        return len(text) <= MAX_TOKEN_CHARS * self._max_model_len
+
     def bound_text(self, text: str, truncation: Truncation | None = None) -> str:
         """A text prompt longer in characters than any prompt that fits could be (see
         `MAX_TOKEN_CHARS`): refused at once, or with truncation on, cut to the end that could
         fit, before it is tokenized. Tokenizing megabytes only to cut them costs seconds."""
-        longest = MAX_TOKEN_CHARS * self._max_model_len
-        if len(text) <= longest:
+        if self.fits_whole(text):
             return text
+        longest = MAX_TOKEN_CHARS * self._max_model_len
         if (truncation or self._policy.completion_truncation) == "disabled":
             raise ContextLengthExceededError(
                 f"This model's maximum context length is {self._max_model_len} tokens. "

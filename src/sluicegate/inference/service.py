@@ -160,11 +160,11 @@ class CompletionService:
             keep_prefix=await self._text_prefix_length() if as_text else 0,
         )
         options = self._options(request, fitted, structured)
-        echo = None
-        if request.echo:
-            echo = await self._echo(batch, encoded, fitted.prompts, request.scores_only)
         # Text kept whole goes as text too, for an engine that tokenizes it itself.
         whole = self._whole_texts(batch, encoded, fitted.prompts)
+        echo = None
+        if request.echo:
+            echo = await self._echo(whole, fitted.prompts, request.scores_only)
         prompts = [Prompt(ids, text=text) for ids, text in zip(fitted.prompts, whole, strict=True)]
         return Run(
             fmt.id,
@@ -178,17 +178,13 @@ class CompletionService:
         )
 
     async def _echo(
-        self,
-        batch: list[str | list[int]],
-        encoded: list[list[int]],
-        fitted: list[list[int]],
-        scores_only: bool,
+        self, whole: list[str | None], fitted: list[list[int]], scores_only: bool
     ) -> Echo:
         """What `echo` puts first: the prompt text as sent (as vLLM's server does), or the
         ids the engine gets, detokenized, when they were sent as ids or cut to fit."""
         tokenizer = self._counting()
         texts: list[str] = []
-        for text, kept in zip(self._whole_texts(batch, encoded, fitted), fitted, strict=True):
+        for text, kept in zip(whole, fitted, strict=True):
             texts.append(await tokenizer.decode(kept) if text is None else text)
         firsts = [await tokenizer.decode(ids[:1]) for ids in fitted]
         return Echo(tuple(texts), tuple(firsts), scores_only)
@@ -200,9 +196,7 @@ class CompletionService:
         before tokenizing (too many characters) nor after (too many tokens)."""
         budget = self._counted_budget()
         return [
-            sent
-            if isinstance(sent, str) and kept is ids and budget.bound_text(sent, "auto") is sent
-            else None
+            sent if isinstance(sent, str) and kept is ids and budget.fits_whole(sent) else None
             for sent, ids, kept in zip(batch, encoded, fitted, strict=True)
         ]
 
