@@ -18,6 +18,8 @@ from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value
 
 STORY = "Write a short story about a lighthouse keeper."
 COUNTING = "Count from 1 to 400, one number per line."
+ENDLESS = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+"""A JSON schema whose answers are longer than any max_tokens these tests send."""
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +90,16 @@ def test_the_same_prompt_again_is_a_cache_hit(page: webdriver.Chrome) -> None:
 def test_stop_aborts_the_engine_request(
     page: webdriver.Chrome, browser_gateway: GatewayProcess
 ) -> None:
-    send(page, COUNTING, 1500)
-    WebDriverWait(page, 60).until(lambda d: len(text(d, "output")) > 10)
+    # Left to itself the model stops counting after about 120 tokens (a few seconds), so a
+    # slow machine could see the answer end before Stop is clicked. An array of at least
+    # 1,000 numbers cannot end before max_tokens: the stream is still running at the click.
+    set_field(page, "schema", json.dumps(ENDLESS))
+    try:
+        send(page, COUNTING, 1500)
+        WebDriverWait(page, 60).until(lambda d: len(text(d, "output")) > 10)
+    finally:
+        set_field(page, "schema", "")
+    assert not page.find_element(By.ID, "send").is_enabled(), "the answer ended before Stop"
     assert metric_value(browser_gateway.url, "vllm:num_requests_running") >= 1
     page.find_element(By.ID, "stop").click()
     stopped = time.monotonic()
