@@ -10,6 +10,9 @@ from starlette.types import Message, Receive, Scope
 from sluicegate.keys import ANONYMOUS
 
 _API_KEY_ID = "api_key_id"
+BODY_RECEIVED = "sluicegate.body_received"
+"""The scope extension `http.connection` sets when a request's whole body had arrived
+before the app began: reading it then cannot wait, and needs no timer."""
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -29,6 +32,12 @@ def api_key_id(scope: Scope) -> str:
 
 def set_api_key_id(scope: Scope, key_id: str) -> None:
     scope.setdefault("state", {})[_API_KEY_ID] = key_id
+
+
+def body_received(scope: Scope) -> bool:
+    """Whether the whole body was already at hand when the app began (`BODY_RECEIVED`)."""
+    extensions = scope.get("extensions")
+    return extensions is not None and BODY_RECEIVED in extensions
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -7,8 +7,9 @@ back from `receive` as one message (`http.asgi.replaying`), so nothing reads it 
 A body larger than `max_bytes` is refused with a 413 before it is read when the client
 declares its length, and as soon as the count passes the limit otherwise (chunked uploads):
 no more than `max_bytes` is ever held. A body that does not finish arriving within
-`read_timeout` seconds gets a 408. A client that leaves while sending its body is counted
-as a 499 and reaches no route.
+`read_timeout` seconds gets a 408 (a body the server had whole before the app began,
+`http.asgi.body_received`, is read without that timer). A client that leaves while sending
+its body is counted as a 499 and reaches no route.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.errors import GatewayError, PayloadTooLargeError, RequestTimeoutError
-from sluicegate.http.asgi import header, replaying
+from sluicegate.http.asgi import body_received, header, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.telemetry import CLIENT_CLOSED
 
@@ -39,7 +40,14 @@ class BodyLimitMiddleware:
             await send_error(send, PayloadTooLargeError(self._too_large_message()))
             return
         try:
-            body = await self._read(receive)
+            if body_received(scope):
+                body = await self._take(receive)
+            else:
+                async with asyncio.timeout(self.read_timeout):
+                    body = await self._take(receive)
+        except TimeoutError:
+            await send_error(send, RequestTimeoutError())
+            return
         except GatewayError as exc:
             await send_error(send, exc)
             return
@@ -49,25 +57,21 @@ class BodyLimitMiddleware:
             return
         await self.app(scope, replaying(body, receive), send)
 
-    async def _read(self, receive: Receive) -> bytes | None:
+    async def _take(self, receive: Receive) -> bytes | None:
         """The whole body, or None if the client left before it was complete."""
         chunks: list[bytes] = []
         received = 0
-        try:
-            async with asyncio.timeout(self.read_timeout):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return None
-                    chunk = message.get("body", b"")
-                    received += len(chunk)
-                    if received > self.max_bytes:
-                        raise PayloadTooLargeError(self._too_large_message())
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        return b"".join(chunks)
-        except TimeoutError:
-            raise RequestTimeoutError() from None
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                raise PayloadTooLargeError(self._too_large_message())
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     def _too_large_message(self) -> str:
         return f"The request body is larger than the {self.max_bytes} bytes this server accepts."

@@ -11,6 +11,10 @@
   The connection is aborted, dropping what is buffered for it, so a client that stops
   reading holds neither memory nor a socket. The app sees the client gone.
 
+It also tells the app when a request's body had arrived whole before the app began
+(`http.asgi.body_received`), as a small body does in the head's own read: `http.body_limits`
+then reads it without a timer, which is a cost on the hottest path (cache hits).
+
 Idle kept-alive connections, body read time and the number of connections are bounded by
 uvicorn's own settings and `http.body_limits`.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluicegate.errors import RequestTimeoutError
+from sluicegate.http.asgi import BODY_RECEIVED
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_begun = False
         self._cancel_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self.cycle
+        # The app's task was only scheduled at the end of the head: if the body is complete
+        # before it runs, its whole read returns at once.
+        if cycle is not None and not cycle.more_body:
+            self.scope.setdefault("extensions", {})[BODY_RECEIVED] = {}
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

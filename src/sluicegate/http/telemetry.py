@@ -28,6 +28,7 @@ from sluicegate.http.asgi import header
 from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
 from sluicegate.observability import metrics
+from sluicegate.observability.logs import lean_record
 from sluicegate.observability.record import RequestRecord, close_request, open_request
 from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
 
@@ -129,18 +130,11 @@ class TelemetryMiddleware:
             fields = _access_fields(scope, record, response, model, status, ended)
             # Made and handled directly: `Logger.log` would first walk the stack for the
             # caller's file and line, which no access line shows, for a third of a cache
-            # hit's time on the event loop; and made as a plain `LogRecord`, not through the
-            # process's record factory, which vLLM wraps with a lookup of its own per record.
-            line = logging.LogRecord(
-                access_logger.name,
-                level,
-                __file__,
-                0,
-                "%s %s",
-                (scope["method"], scope["path"]),
-                None,
+            # hit's time on the event loop; and made lean (`logs.lean_record`), not through
+            # the process's record factory, which vLLM wraps with a lookup of its own.
+            line = lean_record(
+                access_logger.name, level, "%s %s", (scope["method"], scope["path"]), fields
             )
-            line.fields = fields
             access_logger.handle(line)
 
 

@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +36,45 @@ FIELDS = "fields"
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, FIELDS, None)
     return fields if isinstance(fields, dict) else {}
+
+
+_LOGGING_STARTED: float = getattr(logging, "_startTime", time.time())
+_LEAN: dict[str, Any] = {
+    "pathname": __file__,
+    "filename": "logs.py",
+    "module": "logs",
+    "lineno": 0,
+    "funcName": None,
+    "exc_info": None,
+    "exc_text": None,
+    "stack_info": None,
+    "thread": None,
+    "threadName": None,
+    "processName": None,
+    "process": None,
+    "taskName": None,
+}
+
+
+def lean_record(
+    name: str, level: int, msg: str, args: tuple[Any, ...], fields: dict[str, Any]
+) -> logging.LogRecord:
+    """A record with `fields`, made without `LogRecord.__init__`'s lookups per record (the
+    caller's file, thread and process names), which no access line shows. It has every
+    attribute a formatter reads, so any handler can take it."""
+    record = logging.LogRecord.__new__(logging.LogRecord)
+    now = time.time()
+    record.__dict__.update(_LEAN)
+    record.name = name
+    record.msg = msg
+    record.args = args
+    record.levelno = level
+    record.levelname = logging.getLevelName(level)
+    record.created = now
+    record.msecs = int((now - int(now)) * 1000)
+    record.relativeCreated = (now - _LOGGING_STARTED) * 1000
+    record.fields = fields
+    return record
 
 
 def escape(text: str) -> str:
@@ -53,6 +93,8 @@ def _escape_lines(text: str) -> str:
 class PlainFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(PLAIN_FORMAT)
+        self._second = -1
+        self._second_text = ""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         # The whole line, not only the arguments: any logger's message (uvicorn's, a library's)
@@ -65,14 +107,26 @@ class PlainFormatter(logging.Formatter):
     def formatStack(self, stack_info: str) -> str:
         return _escape_lines(super().formatStack(stack_info))
 
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        # Lines come in bursts within one second: its text is made once (by the one writer
+        # thread that formats).
+        second = int(record.created)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime(
+                self.default_time_format, self.converter(record.created)
+            )
+        return f"{self._second_text},{int(record.msecs):03d}"
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = _fields(record)
         if not fields:
             return line
-        pairs = " ".join(
-            f"{escape(str(k))}={'-' if v is None else escape(str(v))}" for k, v in fields.items()
-        )
+        # Escaping is per character, so the joined pairs are escaped in one scan.
+        pairs = escape(" ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items()))
         head, sep, rest = line.partition("\n")  # a traceback stays below the fields
         return f"{head} {pairs}{sep}{rest}"
 

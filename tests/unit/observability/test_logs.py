@@ -143,3 +143,24 @@ def test_the_drop_notice_has_the_log_format(formatter: logging.Formatter) -> Non
         assert entry["level"] == "WARNING" and entry["dropped"] == 2
     else:
         assert " WARNING sluicegate.logs: " in notice and notice.endswith("dropped=2")
+
+
+def test_a_lean_record_formats_as_a_full_one_in_every_format() -> None:
+    fields = {"status": 200, "cache": "HIT", "model": None}
+    lean = logs.lean_record("sluicegate.access", logging.INFO, "%s %s", ("GET", "/x"), fields)
+    full = record(args=("GET", "/x"), fields=fields)
+    full.created, full.msecs = lean.created, lean.msecs
+    assert PlainFormatter().format(lean) == PlainFormatter().format(full)
+    assert json.loads(JsonFormatter().format(lean)) == json.loads(JsonFormatter().format(full))
+    # Any other handler's formatter (pytest's, a user's) finds every attribute it may name.
+    every = " ".join(f"%({name})s" for name in vars(full) if name != "fields")
+    assert logging.Formatter(every).format(lean)
+
+
+def test_plain_times_keep_their_milliseconds_across_lines_of_one_second() -> None:
+    formatter = PlainFormatter()
+    reference = logging.Formatter(logs.PLAIN_FORMAT)
+    for created in (1_800_000_000.004, 1_800_000_000.5, 1_800_000_000.999, 1_800_000_001.25):
+        made = record(args=("GET", "/x"))
+        made.created, made.msecs = created, int(round((created - int(created)) * 1000, 3))
+        assert formatter.formatTime(made) == reference.formatTime(made)
