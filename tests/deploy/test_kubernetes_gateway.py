@@ -5,6 +5,7 @@ what it exports."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from pathlib import Path
@@ -29,9 +30,12 @@ from tests.deploy.kustomize import (
     pod_templates,
     rendered,
 )
+from tests.deploy.network_policy import Pod, allowed, pods
 from tests.monitoring import ALERTS
 
-ENGINE_SHUTDOWN_MARGIN_S = 10  # the engine core and its workers stop after the drain
+# What the grace period leaves the engine core and its workers to stop in after the drain:
+# the "engine's shutdown (15 s)" of the manifests' comments and of docs/scaling.md#sizing.
+ENGINE_SHUTDOWN_MARGIN_S = 15
 GATEWAY_TARGETS = TARGETS
 
 
@@ -92,13 +96,13 @@ def test_probes_ask_the_apps_health_routes_on_its_port(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", GATEWAY_TARGETS)
-def test_the_grace_period_covers_the_prestop_wait_and_the_drain(target: str) -> None:
+def test_the_grace_period_is_prestop_plus_drain_plus_engine_shutdown(target: str) -> None:
     for where, template in gateways(target):
         container = gateway_container(template)
         drain = float(environment(container)[f"{ENV_PREFIX}SHUTDOWN_TIMEOUT"])
         wait = container["lifecycle"]["preStop"]["sleep"]["seconds"]
         grace = template["spec"]["terminationGracePeriodSeconds"]
-        assert grace >= wait + drain + ENGINE_SHUTDOWN_MARGIN_S, where
+        assert grace == wait + drain + ENGINE_SHUTDOWN_MARGIN_S, where
 
 
 @pytest.mark.parametrize("target", GATEWAY_TARGETS)
@@ -186,6 +190,39 @@ def test_the_kuberay_head_runs_the_gateway_over_every_gpu_of_the_cluster() -> No
     assert matches(GATEWAY_LABELS, head["template"]["metadata"]["labels"])
 
 
+# The Ray cluster's ports, on its head and its workers: GCS, dashboard, client server,
+# metrics export (KubeRay's), dashboard agent, the first and last of Ray's worker ports, and
+# one of the ports picked at run time (raylets, object managers, NCCL, torch.distributed).
+RAY_PORTS = (6379, 8265, 10001, 8080, 52365, 10002, 19999, 43517)
+
+
+def test_the_kuberay_pods_reach_each_other_on_every_ray_port_and_outsiders_only_the_api() -> None:
+    objects = rendered("examples/kuberay")
+    everyone = pods(objects)
+    head = everyone["RayCluster/sluicegate head"]
+    cluster = [pod for where, pod in everyone.items() if where.startswith("RayCluster/")]
+    assert len(cluster) >= 2
+    outsider = Pod("a pod of the namespace, not of the cluster", head.namespace, {}, {})
+    # Pairs of a pod with itself stand for two replicas of one worker group.
+    for source, target in itertools.product(cluster, repeat=2):
+        for port in RAY_PORTS:
+            assert allowed(objects, source, target, port), (source.where, target.where, port)
+    for pod in cluster:
+        for port in RAY_PORTS:
+            assert not allowed(objects, outsider, pod, port), (pod.where, port)
+    assert allowed(objects, outsider, head, head.ports["http"])  # the gateway's API
+
+
+def test_without_the_ray_policy_the_gateway_policy_would_cut_the_workers_off_the_head() -> None:
+    objects = rendered("examples/kuberay")
+    everyone = pods(objects)
+    head, worker = everyone["RayCluster/sluicegate head"], everyone["RayCluster/sluicegate gpu"]
+    without = [o for o in objects if o["metadata"]["name"] != "sluicegate-ray"]
+    assert len(without) == len(objects) - 1
+    assert not allowed(without, worker, head, 6379)  # the GCS
+    assert allowed(without, worker, head, head.ports["http"])
+
+
 # ---- Redis ----------------------------------------------------------------------------------
 
 
@@ -204,6 +241,11 @@ def test_only_the_gateways_reach_redis(target: str) -> None:
     for where, template in pod_templates(objects):
         if matches(GATEWAY_LABELS, template["metadata"]["labels"]):
             assert where in ("Deployment/sluicegate", "RayCluster/sluicegate head"), where
+    # And as a cluster enforcing the policies would judge it.
+    everyone = pods(objects)
+    redis_pod = everyone["StatefulSet/sluicegate-redis"]
+    for where, pod in everyone.items():
+        assert allowed(objects, pod, redis_pod, 6379) == matches(GATEWAY_LABELS, pod.labels), where
 
 
 def test_redis_takes_its_password_from_the_secret_file_never_a_command_line() -> None:
@@ -258,15 +300,36 @@ def test_an_external_redis_replaces_the_bundled_one() -> None:
 # ---- autoscaling, monitoring, the inference pool --------------------------------------------
 
 
-def test_replicas_share_redis_and_split_the_fallback_rate_limits() -> None:
-    objects = rendered("overlays/replicas")
+def autoscaler_bounds(objects: list[dict[str, Any]]) -> tuple[int, int]:
+    """The fewest and the most replicas the gateways' one autoscaler (KEDA or HPA) runs."""
+    bounds = [
+        # KEDA's defaults where the ScaledObject sets none.
+        (o["spec"].get("minReplicaCount", 0), o["spec"].get("maxReplicaCount", 100))
+        for o in objects
+        if o["kind"] == "ScaledObject"
+    ] + [
+        (o["spec"].get("minReplicas", 1), o["spec"]["maxReplicas"])
+        for o in objects
+        if o["kind"] == "HorizontalPodAutoscaler"
+    ]
+    (found,) = bounds
+    return found
+
+
+@pytest.mark.parametrize(
+    "target", ["overlays/replicas", "examples/hpa", "examples/inference-gateway"]
+)
+def test_with_redis_down_even_the_most_replicas_keep_within_each_rate_limit(target: str) -> None:
+    objects = rendered(target)
     deployment = find(objects, "Deployment", "sluicegate")
-    replicas = deployment["spec"]["replicas"]
-    scaled = find(objects, "ScaledObject", "sluicegate")["spec"]
-    assert scaled["minReplicaCount"] <= replicas <= scaled["maxReplicaCount"]
+    fewest, most = autoscaler_bounds(objects)
+    assert fewest <= deployment["spec"]["replicas"] <= most
     env = environment(gateway_container(deployment["spec"]["template"]))
     share = float(env[f"{ENV_PREFIX}RATE_LIMIT_LOCAL_SHARE"])
-    assert 1 <= share * replicas < 1 + share
+    # Each replica admits `share` of every limit on its own while Redis does not answer, so
+    # the fleet admits replicas x share of it: the limit itself at the autoscaler's most.
+    assert share * most <= 1
+    assert share == pytest.approx(1 / most)
 
 
 def test_keda_scales_the_deployment_on_the_engine_queue_of_its_namespace() -> None:
