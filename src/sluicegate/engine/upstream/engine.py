@@ -489,13 +489,14 @@ async def _tokenizer(
         return await asyncio.to_thread(_local_tokenizer, config.tokenizer)
     remote = RemoteTokenizer(upstream.client, upstream.origin(), model)
     try:
-        await remote.tokenize("sluicegate")
-    except GatewayError:
+        await remote.probe()
+    except GatewayError as exc:
         logger.warning(
-            "upstream %s has no /tokenize and SLUICEGATE_TOKENIZER is not set: the token "
-            "budget is off for %s (no prompt fitting or max_tokens clamping; token counts "
-            "come from the upstream's usage)",
+            "upstream %s has no usable /tokenize (%s) and SLUICEGATE_TOKENIZER is not set: "
+            "the token budget is off for %s (no prompt fitting or max_tokens clamping; token "
+            "counts come from the upstream's usage)",
             upstream.label,
+            exc.message,
             model,
         )
         return None
