@@ -302,3 +302,46 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     finally:
         gateway.stop()
+
+
+
+def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    stalled, up = upstreams
+    # Weighted 1000:1, the stalled upstream is nearly always the first pick.
+    gateway = _gateway(
+        gateway_dir,
+        [stalled.url, up.url],
+        upstream_weights="1000,1",
+        upstream_read_timeout="0.5",
+    )
+    try:
+        sent = 0
+        # Before the headers, then after them (the answer's first chunk never comes).
+        for stall in ({"stall": 10}, {"stall": 10, "after_chunks": 0}):
+            stalled.control(**stall)
+            tried = len(stalled.arrivals())
+            while len(stalled.arrivals()) == tried and sent < 8:
+                body = {**CHAT, "stream": "after_chunks" in stall}
+                reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+                sent += 1
+                assert reply.status_code == 200, reply.text
+                assert '"error"' not in reply.text
+        stalls = len(stalled.arrivals())
+        assert stalls == 2
+        assert len(up.arrivals()) == sent  # every request was answered by the other one
+        label = stalled.url
+        requests = "sluicegate_upstream_requests_total"
+        assert _metric(gateway, requests, upstream=label, outcome="timeout") == stalls
+        assert _metric(gateway, requests, upstream=label, outcome="reset") == 0
+        retries = _metric(gateway, "sluicegate_upstream_retries_total", upstream=label)
+        assert retries == stalls
+        # Not on the same upstream again: with both stalled, one try each, then a 504.
+        up.control(stall=10)
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 504
+        assert reply.json()["error"]["type"] == "timeout_error"
+        assert (len(stalled.arrivals()), len(up.arrivals())) == (stalls + 1, sent + 1)
+    finally:
+        gateway.stop()

@@ -3,7 +3,9 @@
 A request goes to the upstream the balancer picks, streamed. Until its first output event
 has been passed on, a failure (connect error, reset, 429, 502, 503, 504) is retried after a
 backoff with full jitter, on another upstream when there is one, within the retry budget;
-`Retry-After` keeps the upstream out of the pick for that long. Once output has been passed
+`Retry-After` keeps the upstream out of the pick for that long. A stall (the read or write
+timeout, before the headers or after them) is retried too, but only on another upstream:
+the same one would most likely keep the request waiting as long again. Once output has been passed
 on, a failure ends the response with an error (the stream layer sends an error event, then
 `[DONE]`): a retry would repeat or contradict what the client already has. Closing the step
 iterator (the client left) closes the upstream response, and with it the connection, at once.
@@ -73,6 +75,8 @@ class _Failure:
     retryable: bool
     wait: float | None = None
     """The upstream's Retry-After, in seconds."""
+    elsewhere: bool = False
+    """Retried only on an upstream not tried yet."""
 
 
 class UpstreamEngine:
@@ -237,15 +241,11 @@ class UpstreamEngine:
                 "POST", upstream.endpoint(path), content=content, headers=_JSON
             )
             exchange.response = await upstream.client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-                error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
-                raise self._failed(exchange, "connect_error", error, retryable=True) from exc
-            error = DeadlineExceededError(f"The upstream {label} did not answer in time.")
-            raise self._failed(exchange, "timeout", error, retryable=False) from exc
-        except httpx.ConnectError as exc:
-            error = BadGatewayError(f"Could not connect to the upstream {label}.")
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
             raise self._failed(exchange, "connect_error", error, retryable=True) from exc
+        except httpx.TimeoutException as exc:
+            raise self._stalled(exchange) from exc
         except httpx.TransportError as exc:
             error = BadGatewayError(f"The upstream {label} closed the connection.")
             raise self._failed(exchange, "reset", error, retryable=True) from exc
@@ -256,6 +256,8 @@ class UpstreamEngine:
             first = await anext(exchange.events)
         except StopAsyncIteration:
             first = exchange.reader.finish()  # a stream without output
+        except httpx.TimeoutException as exc:
+            raise self._stalled(exchange) from exc
         except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
             reset = isinstance(exc, httpx.TransportError)
             error = BadGatewayError(f"The upstream {label} failed before answering: {exc}")
@@ -367,6 +369,15 @@ class UpstreamEngine:
         refusal.param, refusal.code = param, code or refusal.code
         raise refusal
 
+    def _stalled(self, exchange: _Exchange) -> _TryFailed:
+        """The upstream sent (or took) nothing within its read (or write) timeout, before any
+        output: whether or not its headers came, the same failure, `timeout`. Tried again on
+        another upstream, within the request's own deadline (`request_timeout`)."""
+        error = DeadlineExceededError(
+            f"The upstream {exchange.upstream.label} did not answer in time."
+        )
+        return self._failed(exchange, "timeout", error, retryable=True, elsewhere=True)
+
     def _failed(
         self,
         exchange: _Exchange,
@@ -374,6 +385,7 @@ class UpstreamEngine:
         error: GatewayError,
         retryable: bool,
         wait: float | None = None,
+        elsewhere: bool = False,
     ) -> _TryFailed:
         upstream = exchange.upstream
         if outcome == "rate_limited":
@@ -383,7 +395,7 @@ class UpstreamEngine:
         _count(upstream.label, outcome)
         if wait is not None:
             upstream.not_before = time.monotonic() + wait
-        return _TryFailed(_Failure(outcome, error, retryable, wait))
+        return _TryFailed(_Failure(outcome, error, retryable, wait, elsewhere))
 
     def _retry_delay(
         self, upstream: Upstream, failure: _Failure, attempt: int, tried: set[int]
@@ -392,16 +404,20 @@ class UpstreamEngine:
         config = self._config.retry
         if not failure.retryable or attempt >= config.max_retries:
             return None
+        others = self._balancer.pick(None, tried)
+        alone = others is None or others in tried  # no upstream left that was not tried
+        if alone and failure.elsewhere:
+            return None
+        # Only the upstream that asked us to wait is left: wait as asked, if not too long.
+        wait = failure.wait if alone else None
+        if wait is not None and wait > config.backoff_max:
+            return None
         if not self._budget.withdraw():
             metrics.UPSTREAM_RETRIES_DENIED.inc()
             return None
         delay = backoff(config, attempt, self._rng)
-        others = self._balancer.pick(None, tried)
-        if failure.wait is not None and (others is None or others in tried):
-            # Only the upstream that asked us to wait is left: wait as asked, if not too long.
-            if failure.wait > config.backoff_max:
-                return None
-            delay = max(delay, failure.wait)
+        if wait is not None:
+            delay = max(delay, wait)
             upstream.not_before = 0.0
         return delay
 
