@@ -236,7 +236,14 @@ def test_two_upstreams_one_down_every_request_succeeds(
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     up, flaky = upstreams
     flaky.control(reset="before")
-    gateway = _gateway(gateway_dir, [dead, flaky.url, up.url], upstream_health_interval="5")
+    # Two failing upstreams fail up to 2 x 5 tries (the breaker's failures) before both
+    # breakers open, each retried: a reserve of 10 retries, not the default 5 (one upstream).
+    gateway = _gateway(
+        gateway_dir,
+        [dead, flaky.url, up.url],
+        upstream_health_interval="5",
+        upstream_retry_burst="10",
+    )
     try:
         for stream in (False, True) * 10:
             body = {**CHAT, "stream": stream}
@@ -343,5 +350,37 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
         assert reply.status_code == 504
         assert reply.json()["error"]["type"] == "timeout_error"
         assert (len(stalled.arrivals()), len(up.arrivals())) == (stalls + 1, sent + 1)
+    finally:
+        gateway.stop()
+
+
+
+def test_retries_stop_when_the_retry_budget_is_spent(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(
+        gateway_dir,
+        [upstream.url],
+        upstream_max_retries="2",
+        upstream_retry_backoff="0.001",
+        upstream_retry_budget="0.2",
+        upstream_retry_burst="2",
+        upstream_breaker_failures="1000",
+        upstream_breaker_window="1000",
+    )
+    try:
+        upstream.control(status=502)
+        requests = 10
+        for _ in range(requests):
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert reply.status_code == 502
+        hits = len(upstream.arrivals())
+        # Unbounded, each request would be tried 3 times (30 hits). The budget allows the
+        # reserve of 2, then 0.2 of a retry per request: 2 + 2.
+        assert requests + 2 <= hits <= requests + 2 + 2, hits
+        assert _metric(gateway, "sluicegate_upstream_retries_total") == hits - requests
+        denied = _metric(gateway, "sluicegate_upstream_retries_denied_total")
+        assert denied >= requests - 2 - 2
     finally:
         gateway.stop()
