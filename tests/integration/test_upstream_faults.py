@@ -302,6 +302,9 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
         used = left - int(after.headers["x-ratelimit-remaining-tokens"])
         # The first run's prompt and completion, less what refilled meanwhile (10/s).
         assert used >= direct["total_tokens"] - 5
+        # No /tokenize on the upstream (404): said at start-up.
+        assert "has no usable /tokenize" in gateway.log()
+        assert "the token budget is off for fault-model" in gateway.log()
         tokenize = httpx.post(gateway.url + "/tokenize", json={"prompt": "hi"})
         assert tokenize.status_code == 400 and tokenize.json()["error"]["message"]
         echo = {"model": "fault-model", "prompt": "hi", "echo": True, "max_tokens": 2}
@@ -309,7 +312,6 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     finally:
         gateway.stop()
-
 
 
 def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
@@ -354,7 +356,6 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
         gateway.stop()
 
 
-
 def test_retries_stop_when_the_retry_budget_is_spent(
     upstreams: list[FaultUpstream], gateway_dir: Path
 ) -> None:
@@ -382,5 +383,47 @@ def test_retries_stop_when_the_retry_budget_is_spent(
         assert _metric(gateway, "sluicegate_upstream_retries_total") == hits - requests
         denied = _metric(gateway, "sluicegate_upstream_retries_denied_total")
         assert denied >= requests - 2 - 2
+    finally:
+        gateway.stop()
+
+
+def test_the_served_model_name_aliases_the_upstreams_model(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], served_model_name="house-model")
+    try:
+        cards = httpx.get(gateway.url + "/v1/models").json()["data"]
+        assert [(c["id"], c["root"]) for c in cards] == [("house-model", "fault-model")]
+        for stream in (False, True):
+            body = {**CHAT, "model": "house-model", "stream": stream}
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+            assert '"model":"house-model"' in reply.text.replace(" ", "")
+        # The upstream was asked for its own model, by its own name.
+        assert upstream.stats()["models"] == {"fault-model": 2}
+        unknown = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "model_not_found"
+    finally:
+        gateway.stop()
+
+
+def test_sequential_requests_reuse_the_upstream_connections(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
+    try:
+        upstream.control(reset_stats=True)  # the connections of start-up left out
+        requests = 20
+        for stream in (False, True) * (requests // 2):
+            body = {**CHAT, "stream": stream}
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+        stats = upstream.stats()
+        assert len(upstream.arrivals()) == requests
+        # A response closed before its end closes its connection: one per request.
+        assert stats["connections_accepted"] <= 2, stats["connections_accepted"]
     finally:
         gateway.stop()
