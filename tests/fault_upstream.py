@@ -42,6 +42,8 @@ the same clock as a test's `time.monotonic()` on the same Linux host):
      "in_flight": 1,               requests being answered now
      "completed": 2,               responses sent in full (any status)
      "statuses": {"200": 1, "503": 1},   of the completed responses
+     "models": {"fault-model": 3},  the `model` completion requests named (whatever this
+                                    server's own is)
      "resets": 0,                  connections this server reset on purpose
      "disconnects": [12345.678],   when it noticed a client leave before its response ended
      "open_connections": 4,        TCP connections open now (keep-alive ones included)
@@ -189,13 +191,14 @@ class Stats:
     in_flight: int = 0
     completed: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
+    models: Counter[str] = field(default_factory=Counter)
     resets: int = 0
     disconnects: list[float] = field(default_factory=list)
     arrivals: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
 
     def clear(self) -> None:
         """Counters back to zero; `in_flight` is a live gauge and stays."""
-        self.requests, self.statuses = Counter(), Counter()
+        self.requests, self.statuses, self.models = Counter(), Counter(), Counter()
         self.completed = self.resets = 0
         self.disconnects = []
         self.arrivals = deque(maxlen=ARRIVALS_KEPT)
@@ -425,6 +428,8 @@ class FaultUpstream:
         except ValueError as exc:
             await self._error(send, exchange, 400, str(exc), "invalid_request_error")
             return
+        if request["model"] is not None:
+            self.stats.models[request["model"]] += 1
         if behaviour.status is not None:
             headers = []
             if behaviour.retry_after is not None:
@@ -592,6 +597,7 @@ class FaultUpstream:
             "in_flight": stats.in_flight,
             "completed": stats.completed,
             "statuses": dict(stats.statuses),
+            "models": dict(stats.models),
             "resets": stats.resets,
             "disconnects": stats.disconnects,
             "open_connections": len(self.connections.open),
@@ -622,7 +628,8 @@ async def _disconnected(receive: Receive) -> float:
 
 
 def _completion_request(raw: bytes, chat: bool) -> dict[str, Any]:
-    """What the answer depends on: stream, usage, max tokens and a prompt-length estimate."""
+    """What the answer depends on (stream, usage, max tokens and a prompt-length estimate),
+    and the model it names."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -644,7 +651,9 @@ def _completion_request(raw: bytes, chat: bool) -> dict[str, Any]:
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError("max_tokens must be a positive integer")
     options = body.get("stream_options") or {}
+    model = body.get("model")
     return {
+        "model": None if model is None else str(model),
         "stream": bool(body.get("stream")),
         "usage": bool(isinstance(options, dict) and options.get("include_usage")),
         "max_tokens": max_tokens,

@@ -147,6 +147,13 @@ class Settings(BaseSettings):
         le=1,
         description="Retries allowed as a share of requests (0.2: at most 20% more load).",
     )
+    upstream_retry_burst: int = Field(
+        default=5,
+        ge=1,
+        description="Retries the budget holds in reserve, on top of its share: over any N "
+        "requests, at most this plus `upstream_retry_budget` x N retries. The default covers "
+        "the failures an upstream that went down has before its breaker opens.",
+    )
     upstream_breaker_failures: int = Field(
         default=5, ge=1, description="Consecutive failures that open an upstream's breaker."
     )

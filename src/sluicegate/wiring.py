@@ -201,6 +201,7 @@ def upstream_config(settings: Settings) -> UpstreamConfig:
             backoff=settings.upstream_retry_backoff,
             backoff_max=settings.upstream_retry_backoff_max,
             budget=settings.upstream_retry_budget,
+            burst=settings.upstream_retry_burst,
         ),
         affinity=affinity,
         health_path=settings.upstream_health_path,

@@ -236,7 +236,14 @@ def test_two_upstreams_one_down_every_request_succeeds(
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     up, flaky = upstreams
     flaky.control(reset="before")
-    gateway = _gateway(gateway_dir, [dead, flaky.url, up.url], upstream_health_interval="5")
+    # Two failing upstreams fail up to 2 x 5 tries (the breaker's failures) before both
+    # breakers open, each retried: a reserve of 10 retries, not the default 5 (one upstream).
+    gateway = _gateway(
+        gateway_dir,
+        [dead, flaky.url, up.url],
+        upstream_health_interval="5",
+        upstream_retry_burst="10",
+    )
     try:
         for stream in (False, True) * 10:
             body = {**CHAT, "stream": stream}
@@ -295,10 +302,128 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
         used = left - int(after.headers["x-ratelimit-remaining-tokens"])
         # The first run's prompt and completion, less what refilled meanwhile (10/s).
         assert used >= direct["total_tokens"] - 5
+        # No /tokenize on the upstream (404): said at start-up.
+        assert "has no usable /tokenize" in gateway.log()
+        assert "the token budget is off for fault-model" in gateway.log()
         tokenize = httpx.post(gateway.url + "/tokenize", json={"prompt": "hi"})
         assert tokenize.status_code == 400 and tokenize.json()["error"]["message"]
         echo = {"model": "fault-model", "prompt": "hi", "echo": True, "max_tokens": 2}
         refused = httpx.post(gateway.url + "/v1/completions", json=echo)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
+    finally:
+        gateway.stop()
+
+
+def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    stalled, up = upstreams
+    # Weighted 1000:1, the stalled upstream is nearly always the first pick.
+    gateway = _gateway(
+        gateway_dir,
+        [stalled.url, up.url],
+        upstream_weights="1000,1",
+        upstream_read_timeout="0.5",
+    )
+    try:
+        sent = 0
+        # Before the headers, then after them (the answer's first chunk never comes).
+        for stall in ({"stall": 10}, {"stall": 10, "after_chunks": 0}):
+            stalled.control(**stall)
+            tried = len(stalled.arrivals())
+            while len(stalled.arrivals()) == tried and sent < 8:
+                body = {**CHAT, "stream": "after_chunks" in stall}
+                reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+                sent += 1
+                assert reply.status_code == 200, reply.text
+                assert '"error"' not in reply.text
+        stalls = len(stalled.arrivals())
+        assert stalls == 2
+        assert len(up.arrivals()) == sent  # every request was answered by the other one
+        label = stalled.url
+        requests = "sluicegate_upstream_requests_total"
+        assert _metric(gateway, requests, upstream=label, outcome="timeout") == stalls
+        assert _metric(gateway, requests, upstream=label, outcome="reset") == 0
+        retries = _metric(gateway, "sluicegate_upstream_retries_total", upstream=label)
+        assert retries == stalls
+        # Not on the same upstream again: with both stalled, one try each, then a 504.
+        up.control(stall=10)
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 504
+        assert reply.json()["error"]["type"] == "timeout_error"
+        assert (len(stalled.arrivals()), len(up.arrivals())) == (stalls + 1, sent + 1)
+    finally:
+        gateway.stop()
+
+
+def test_retries_stop_when_the_retry_budget_is_spent(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(
+        gateway_dir,
+        [upstream.url],
+        upstream_max_retries="2",
+        upstream_retry_backoff="0.001",
+        upstream_retry_budget="0.2",
+        upstream_retry_burst="2",
+        upstream_breaker_failures="1000",
+        upstream_breaker_window="1000",
+    )
+    try:
+        upstream.control(status=502)
+        requests = 10
+        for _ in range(requests):
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert reply.status_code == 502
+        hits = len(upstream.arrivals())
+        # Unbounded, each request would be tried 3 times (30 hits). The budget allows the
+        # reserve of 2, then 0.2 of a retry per request: 2 + 2.
+        assert requests + 2 <= hits <= requests + 2 + 2, hits
+        assert _metric(gateway, "sluicegate_upstream_retries_total") == hits - requests
+        denied = _metric(gateway, "sluicegate_upstream_retries_denied_total")
+        assert denied >= requests - 2 - 2
+    finally:
+        gateway.stop()
+
+
+def test_the_served_model_name_aliases_the_upstreams_model(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], served_model_name="house-model")
+    try:
+        cards = httpx.get(gateway.url + "/v1/models").json()["data"]
+        assert [(c["id"], c["root"]) for c in cards] == [("house-model", "fault-model")]
+        for stream in (False, True):
+            body = {**CHAT, "model": "house-model", "stream": stream}
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+            assert '"model":"house-model"' in reply.text.replace(" ", "")
+        # The upstream was asked for its own model, by its own name.
+        assert upstream.stats()["models"] == {"fault-model": 2}
+        unknown = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "model_not_found"
+    finally:
+        gateway.stop()
+
+
+def test_sequential_requests_reuse_the_upstream_connections(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
+    try:
+        upstream.control(reset_stats=True)  # the connections of start-up left out
+        requests = 20
+        for stream in (False, True) * (requests // 2):
+            body = {**CHAT, "stream": stream}
+            reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+        stats = upstream.stats()
+        assert len(upstream.arrivals()) == requests
+        # A response closed before its end closes its connection: one per request.
+        assert stats["connections_accepted"] <= 2, stats["connections_accepted"]
     finally:
         gateway.stop()

@@ -159,6 +159,7 @@ def test_stats_count_requests_per_path_and_arrivals_name_their_fault(
     stats = upstream.stats()
     assert stats["requests"] == {"/v1/chat/completions": 1, "/v1/completions": 1}
     assert stats["statuses"] == {"429": 1, "200": 1}
+    assert stats["models"] == {"fault-model": 1}  # the completion named none
     assert [a["fault"] for a in stats["arrivals"]] == ["status", None]
 
 

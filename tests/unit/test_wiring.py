@@ -6,11 +6,13 @@ import asyncio
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 import redis.asyncio
 
 from sluicegate import wiring
+from sluicegate.engine.upstream.server import Upstream
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.settings import Settings
 from tests.integration.redis_server import RedisProcess
@@ -43,6 +45,28 @@ def test_rate_limit_overrides_become_limits() -> None:
     limits = wiring.rate_limit_overrides(settings(rate_limit_overrides=overrides))
     assert limits["key-0123456789ab"].requests_per_minute == 3
     assert limits["key-0123456789ab"].tokens_per_minute is None
+
+
+async def test_the_upstream_timeouts_reach_its_client_and_the_retry_burst_its_budget() -> None:
+    config = wiring.upstream_config(
+        settings(
+            upstream_urls="http://10.0.0.1:8000/v1",
+            upstream_connect_timeout=1.5,
+            upstream_read_timeout=2.5,
+            upstream_write_timeout=3.5,
+            upstream_pool_timeout=4.5,
+            upstream_retry_burst=3,
+        )
+    )
+    url, weight = config.urls[0]
+    upstream = Upstream(url, weight, config.pool, config.breaker)
+    try:
+        timeout = httpx.Timeout(connect=1.5, read=2.5, write=3.5, pool=4.5)
+        assert upstream.client.timeout == timeout
+    finally:
+        await upstream.close()
+    assert config.retry.burst == 3
+    assert wiring.upstream_config(settings()).retry.burst == 5
 
 
 # ---- redis and quotas ----------------------------------------------------------------------

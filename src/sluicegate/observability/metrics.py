@@ -293,7 +293,7 @@ UPSTREAM_OUTCOMES = (
     "stream_error",
     "cancelled",
 )
-UPSTREAM_RETRY_REASONS = ("rate_limited", "server_error", "connect_error", "reset")
+UPSTREAM_RETRY_REASONS = ("rate_limited", "server_error", "connect_error", "reset", "timeout")
 """The outcomes a request is tried again after (the `reason` of `UPSTREAM_RETRIES`)."""
 
 

@@ -4,6 +4,11 @@ Closed: requests flow; the breaker opens after `failures` consecutive failures, 
 last `window` outcomes hold at least `error_ratio` failures. Open: no request is sent until
 `open_seconds` have passed. Half-open: one trial request at a time; its success closes the
 breaker, its failure opens it again.
+
+Each request holds the `Ticket` it was let through with, and reports its outcome with it. An
+outcome counts only in the period (closed, or open with its trial) its ticket was taken in:
+requests sent before the breaker opened, failing while it is open, neither extend the open
+time nor take the trial's place, and a stale success does not close it.
 """
 
 from __future__ import annotations
@@ -11,12 +16,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from sluicegate.engine.upstream.config import BreakerConfig
 
 BreakerState = Literal["closed", "open", "half_open"]
 STATE_VALUES: dict[BreakerState, int] = {"closed": 0, "open": 1, "half_open": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """The right to send one request, taken in one period of the breaker."""
+
+    period: int
+    trial: bool = False
 
 
 class Breaker:
@@ -29,6 +43,8 @@ class Breaker:
         self._opened_at = 0.0
         self._open = False
         self._trial = False
+        self._period = 0
+        """Counts the breaker's changes between closed and open."""
 
     @property
     def state(self) -> BreakerState:
@@ -47,25 +63,29 @@ class Breaker:
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial)
 
-    def acquire(self) -> bool:
-        """Take the right to send one request; in half-open, the one trial."""
+    def acquire(self) -> Ticket | None:
+        """The right to send one request (in half-open, the one trial), or None."""
         state = self.state
         if state == "closed":
-            return True
+            return Ticket(self._period)
         if state == "half_open" and not self._trial:
             self._trial = True
-            return True
-        return False
+            return Ticket(self._period, trial=True)
+        return None
 
-    def success(self) -> None:
+    def success(self, ticket: Ticket) -> None:
+        if not self._current(ticket):
+            return
         if self._open:
             self._close()
         self._record(False)
         self._consecutive = 0
 
-    def failure(self) -> None:
+    def failure(self, ticket: Ticket) -> None:
+        if not self._current(ticket):
+            return
         if self._open:
-            self._trip()  # the trial failed (or a request sent before it opened)
+            self._trip()  # the trial failed
             return
         self._record(True)
         self._consecutive += 1
@@ -76,9 +96,15 @@ class Breaker:
         ):
             self._trip()
 
-    def release(self) -> None:
-        """A request that ended neither way (the client left): free the trial."""
-        self._trial = False
+    def release(self, ticket: Ticket) -> None:
+        """A request that ended neither way (the client left, or the upstream was busy): if
+        it was the trial, free it."""
+        if ticket.trial and self._current(ticket):
+            self._trial = False
+
+    def _current(self, ticket: Ticket) -> bool:
+        """Whether the ticket was taken in this period; while open, only the trial's is."""
+        return ticket.period == self._period and (ticket.trial or not self._open)
 
     def _record(self, failed: bool) -> None:
         if len(self._outcomes) == self._config.window and self._outcomes[0]:
@@ -89,10 +115,12 @@ class Breaker:
     def _trip(self) -> None:
         self._open = True
         self._trial = False
+        self._period += 1
         self._opened_at = self._clock()
 
     def _close(self) -> None:
         self._open = False
         self._trial = False
+        self._period += 1
         self._outcomes.clear()
         self._failures = 0

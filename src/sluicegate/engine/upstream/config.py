@@ -38,8 +38,10 @@ class RetryConfig:
     backoff_max: float = 2.0
     budget: float = 0.2
     """Retries as a share of requests."""
-    burst: int = 10
-    """Retries the budget allows before any request has paid into it."""
+    burst: int = 5
+    """Retries the budget holds in reserve (and starts with): over any N requests, at most
+    `burst + budget × N` retries. As many as `BreakerConfig.failures`, so an upstream going
+    down fails no request before its breaker opens, however light the traffic."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 A request goes to the upstream the balancer picks, streamed. Until its first output event
 has been passed on, a failure (connect error, reset, 429, 502, 503, 504) is retried after a
 backoff with full jitter, on another upstream when there is one, within the retry budget;
-`Retry-After` keeps the upstream out of the pick for that long. Once output has been passed
+`Retry-After` keeps the upstream out of the pick for that long. A stall (the read or write
+timeout, before the headers or after them) is retried too, but only on another upstream:
+the same one would most likely keep the request waiting as long again. Once output has been passed
 on, a failure ends the response with an error (the stream layer sends an error event, then
 `[DONE]`): a retry would repeat or contradict what the client already has. Closing the step
 iterator (the client left) closes the upstream response, and with it the connection, at once.
@@ -34,6 +36,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.upstream.balancer import Balancer
+from sluicegate.engine.upstream.breaker import Ticket
 from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.engine.upstream.reads import coalesced
 from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
@@ -72,6 +75,8 @@ class _Failure:
     retryable: bool
     wait: float | None = None
     """The upstream's Retry-After, in seconds."""
+    elsewhere: bool = False
+    """Retried only on an upstream not tried yet."""
 
 
 class UpstreamEngine:
@@ -174,11 +179,13 @@ class UpstreamEngine:
             if index is None:
                 raise EngineUnavailableError("No upstream is available.")
             tried.add(index)
-            if not self._upstreams[index].breaker.acquire():  # its half-open trial is taken
+            upstream = self._upstreams[index]
+            ticket = upstream.breaker.acquire()
+            if ticket is None:  # its half-open trial is taken
                 if len(tried) == len(self._upstreams):
                     raise EngineUnavailableError("No upstream is available.")
                 continue
-            exchange = _Exchange(self._upstreams[index], StreamReader(choices=options.n))
+            exchange = _Exchange(upstream, ticket, StreamReader(choices=options.n))
             try:
                 first = await self._open(exchange, path, content)
             except _TryFailed as failed:
@@ -193,7 +200,7 @@ class UpstreamEngine:
                 await asyncio.sleep(delay)
                 continue
             except BaseException as exc:
-                exchange.upstream.breaker.release()
+                upstream.breaker.release(ticket)
                 if isinstance(exc, asyncio.CancelledError):
                     _count(exchange.upstream.label, "cancelled")
                 await self._end(exchange)
@@ -234,30 +241,28 @@ class UpstreamEngine:
                 "POST", upstream.endpoint(path), content=content, headers=_JSON
             )
             exchange.response = await upstream.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
+            raise self._failed(exchange, "connect_error", error, retryable=True) from exc
         except httpx.TimeoutException as exc:
-            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-                error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
-                raise self._failed(upstream, "connect_error", error, retryable=True) from exc
-            error = DeadlineExceededError(f"The upstream {label} did not answer in time.")
-            raise self._failed(upstream, "timeout", error, retryable=False) from exc
-        except httpx.ConnectError as exc:
-            error = BadGatewayError(f"Could not connect to the upstream {label}.")
-            raise self._failed(upstream, "connect_error", error, retryable=True) from exc
+            raise self._stalled(exchange) from exc
         except httpx.TransportError as exc:
             error = BadGatewayError(f"The upstream {label} closed the connection.")
-            raise self._failed(upstream, "reset", error, retryable=True) from exc
+            raise self._failed(exchange, "reset", error, retryable=True) from exc
         if exchange.response.status_code != 200:
-            await self._refused(upstream, exchange.response)
+            await self._refused(exchange, exchange.response)
         exchange.events = self._events(exchange.reader, exchange.response)
         try:
             first = await anext(exchange.events)
         except StopAsyncIteration:
             first = exchange.reader.finish()  # a stream without output
+        except httpx.TimeoutException as exc:
+            raise self._stalled(exchange) from exc
         except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
             reset = isinstance(exc, httpx.TransportError)
             error = BadGatewayError(f"The upstream {label} failed before answering: {exc}")
             raise self._failed(
-                upstream, "reset" if reset else "stream_error", error, retryable=reset
+                exchange, "reset" if reset else "stream_error", error, retryable=reset
             ) from exc
         metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
         return first
@@ -266,13 +271,13 @@ class UpstreamEngine:
         self, exchange: _Exchange, first: EngineStep
     ) -> AsyncGenerator[EngineStep, None]:
         """The first step, then the rest; the exchange is ended however this ends."""
-        upstream, reader = exchange.upstream, exchange.reader
+        upstream, reader, ticket = exchange.upstream, exchange.reader, exchange.ticket
         outcome = "cancelled"
         try:
             yield first
             if first.finished:
                 outcome = "ok"
-                upstream.breaker.success()
+                upstream.breaker.success(ticket)
                 return
             assert exchange.events is not None
             async for step in exchange.events:
@@ -280,18 +285,18 @@ class UpstreamEngine:
             if not reader.done and reader.usage is None:
                 raise UpstreamStreamError({"message": "the stream ended before [DONE]"})
             outcome = "ok"
-            upstream.breaker.success()
+            upstream.breaker.success(ticket)
             yield reader.finish()
         except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
             outcome = "stream_error"
-            upstream.breaker.failure()
+            upstream.breaker.failure(ticket)
             raise BadGatewayError(
                 f"The upstream {upstream.label} failed while answering: {exc}",
                 code="upstream_stream_error",
             ) from exc
         finally:
             if outcome == "cancelled":
-                upstream.breaker.release()
+                upstream.breaker.release(ticket)
             _count(upstream.label, outcome)
             await self._end(exchange)
 
@@ -325,8 +330,9 @@ class UpstreamEngine:
             # Unread: the connection is closed, which aborts the request upstream.
             await exchange.response.aclose()
 
-    async def _refused(self, upstream: Upstream, response: httpx.Response) -> None:
+    async def _refused(self, exchange: _Exchange, response: httpx.Response) -> None:
         """A non-200 answer: a failure to retry, or the upstream's refusal to pass on."""
+        upstream = exchange.upstream
         status = response.status_code
         raw = b""
         async for chunk in response.aiter_bytes():
@@ -348,37 +354,48 @@ class UpstreamEngine:
             else:
                 error = BadGatewayError(message or f"The upstream {label} answered {status}.")
             outcome = "rate_limited" if status == 429 else "server_error"
-            raise self._failed(upstream, outcome, error, retryable=True, wait=wait)
+            raise self._failed(exchange, outcome, error, retryable=True, wait=wait)
         if status >= 500:
             raise self._failed(
-                upstream,
+                exchange,
                 "server_error",
                 BadGatewayError(message or f"The upstream {label} answered {status}."),
                 retryable=False,
             )
         # The upstream works and refused the request: its words, its status.
-        upstream.breaker.success()
+        upstream.breaker.success(exchange.ticket)
         _count(label, "client_error")
         refusal = error_for_status(status, message or f"The upstream answered {status}.")
         refusal.param, refusal.code = param, code or refusal.code
         raise refusal
 
+    def _stalled(self, exchange: _Exchange) -> _TryFailed:
+        """The upstream sent (or took) nothing within its read (or write) timeout, before any
+        output: whether or not its headers came, the same failure, `timeout`. Tried again on
+        another upstream, within the request's own deadline (`request_timeout`)."""
+        error = DeadlineExceededError(
+            f"The upstream {exchange.upstream.label} did not answer in time."
+        )
+        return self._failed(exchange, "timeout", error, retryable=True, elsewhere=True)
+
     def _failed(
         self,
-        upstream: Upstream,
+        exchange: _Exchange,
         outcome: str,
         error: GatewayError,
         retryable: bool,
         wait: float | None = None,
+        elsewhere: bool = False,
     ) -> _TryFailed:
+        upstream = exchange.upstream
         if outcome == "rate_limited":
-            upstream.breaker.release()  # busy, not broken
+            upstream.breaker.release(exchange.ticket)  # busy, not broken
         else:
-            upstream.breaker.failure()
+            upstream.breaker.failure(exchange.ticket)
         _count(upstream.label, outcome)
         if wait is not None:
             upstream.not_before = time.monotonic() + wait
-        return _TryFailed(_Failure(outcome, error, retryable, wait))
+        return _TryFailed(_Failure(outcome, error, retryable, wait, elsewhere))
 
     def _retry_delay(
         self, upstream: Upstream, failure: _Failure, attempt: int, tried: set[int]
@@ -387,16 +404,20 @@ class UpstreamEngine:
         config = self._config.retry
         if not failure.retryable or attempt >= config.max_retries:
             return None
+        others = self._balancer.pick(None, tried)
+        alone = others is None or others in tried  # no upstream left that was not tried
+        if alone and failure.elsewhere:
+            return None
+        # Only the upstream that asked us to wait is left: wait as asked, if not too long.
+        wait = failure.wait if alone else None
+        if wait is not None and wait > config.backoff_max:
+            return None
         if not self._budget.withdraw():
             metrics.UPSTREAM_RETRIES_DENIED.inc()
             return None
         delay = backoff(config, attempt, self._rng)
-        others = self._balancer.pick(None, tried)
-        if failure.wait is not None and (others is None or others in tried):
-            # Only the upstream that asked us to wait is left: wait as asked, if not too long.
-            if failure.wait > config.backoff_max:
-                return None
-            delay = max(delay, failure.wait)
+        if wait is not None:
+            delay = max(delay, wait)
             upstream.not_before = 0.0
         return delay
 
@@ -436,6 +457,8 @@ class _Exchange:
     """One try of a request on one upstream."""
 
     upstream: Upstream
+    ticket: Ticket
+    """What the upstream's breaker let this try through with."""
     reader: StreamReader
     response: httpx.Response | None = None
     events: AsyncGenerator[EngineStep, None] | None = None
@@ -482,13 +505,14 @@ async def _tokenizer(
         return await asyncio.to_thread(_local_tokenizer, config.tokenizer)
     remote = RemoteTokenizer(upstream.client, upstream.origin(), model)
     try:
-        await remote.tokenize("sluicegate")
-    except GatewayError:
+        await remote.probe()
+    except GatewayError as exc:
         logger.warning(
-            "upstream %s has no /tokenize and SLUICEGATE_TOKENIZER is not set: the token "
-            "budget is off for %s (no prompt fitting or max_tokens clamping; token counts "
-            "come from the upstream's usage)",
+            "upstream %s has no usable /tokenize (%s) and SLUICEGATE_TOKENIZER is not set: "
+            "the token budget is off for %s (no prompt fitting or max_tokens clamping; token "
+            "counts come from the upstream's usage)",
             upstream.label,
+            exc.message,
             model,
         )
         return None

@@ -12,9 +12,11 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
 class RetryBudget:
-    """Each request pays `budget` of a retry into the pool (up to `burst`); each retry takes
-    one. So retries stay within that share of requests, as Envoy's and Finagle's budgets do,
-    and a failing fleet is not hit by every request twice over."""
+    """Each request pays `budget` of a retry into the pool (up to `burst`, which it starts
+    with); each retry takes one. So over any N requests at most `burst + budget × N` are
+    retried, as Envoy's and Finagle's budgets bound them, and a failing fleet is not hit by
+    every request twice over. The pool fills with requests, not with time: light traffic
+    gets the small reserve, not a rate of retries of its own."""
 
     def __init__(self, config: RetryConfig) -> None:
         self._ratio = config.budget

@@ -4,6 +4,10 @@ The upstream applies its chat template and counts, so the budget sees exactly wh
 upstream will. The message split that truncation needs is estimated (`estimated_encoding`):
 contents counted alone, the template's framing spread evenly. It is asked only when a
 prompt does not fit.
+
+A server whose `/tokenize` is not vLLM's can still answer 200: llama.cpp's wants `content`,
+not `prompt`, and counts nothing. `probe` tells that from a real count before the budget
+relies on it, and every answer's shape is checked, so a bad one is an error, not a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 UNKNOWN_VOCAB = 2**31 - 1
 """The vocabulary size when the upstream does not say: ids are checked by the upstream."""
 _CONCURRENT_COUNTS = 8
+PROBE_TEXT = "Sluicegate counts the tokens of this sentence."
 
 
 class RemoteTokenizer:
@@ -49,6 +54,12 @@ class RemoteTokenizer:
             return estimated_encoding(ids, contents)
         return ChatEncoding(ids, (0,) * len(messages), (0,) * len(messages))
 
+    async def probe(self) -> None:
+        """Check that `/tokenize` counts: `EngineUnavailableError` (saying why) unless a known
+        text comes back as a non-empty list of ids."""
+        if not (await self.tokenize(PROBE_TEXT, add_special_tokens=False)).ids:
+            raise EngineUnavailableError("The upstream's /tokenize counted no tokens.")
+
     async def encode(self, text: str) -> list[int]:
         return (await self.tokenize(text)).ids
 
@@ -72,7 +83,7 @@ class RemoteTokenizer:
         }
         answer = await self._post("/tokenize", body)
         strings = answer.get("token_strs") if with_strings else None
-        return Tokenized(list(answer["tokens"]), list(strings) if strings is not None else None)
+        return Tokenized(_ids(answer), list(strings) if strings is not None else None)
 
     async def render_chat(
         self,
@@ -85,7 +96,10 @@ class RemoteTokenizer:
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         answer = await self._post("/detokenize", {"model": self._model, "tokens": list(token_ids)})
-        return str(answer["prompt"])
+        text = answer.get("prompt")
+        if not isinstance(text, str):
+            raise EngineUnavailableError("The upstream's /detokenize sent no prompt.")
+        return text
 
     async def _chat_ids(
         self,
@@ -102,7 +116,7 @@ class RemoteTokenizer:
         }
         if tools:
             body["tools"] = [dict(t) for t in tools]
-        return list((await self._post("/tokenize", body))["tokens"])
+        return _ids(await self._post("/tokenize", body))
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -114,7 +128,26 @@ class RemoteTokenizer:
             raise InvalidRequestError(message or f"The upstream's {path} refused the input.")
         if response.status_code != 200:
             raise EngineUnavailableError(f"The upstream's {path} answered {response.status_code}.")
-        answer = response.json()
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
         if not isinstance(answer, dict):
             raise EngineUnavailableError(f"The upstream's {path} sent no JSON object.")
         return answer
+
+
+def _ids(answer: Mapping[str, Any]) -> list[int]:
+    """The token ids of a `/tokenize` answer, checked: a list of ids, as many as its `count`
+    says when it gives one."""
+    ids = answer.get("tokens")
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise EngineUnavailableError("The upstream's /tokenize sent no list of token ids.")
+    count = answer.get("count")
+    if count is not None and count != len(ids):
+        raise EngineUnavailableError(
+            f"The upstream's /tokenize counted {count} tokens but sent {len(ids)}."
+        )
+    return ids
