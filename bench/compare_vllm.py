@@ -169,6 +169,7 @@ def drive(
         "--seed", str(concurrency if seed is None else seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
         "--save-detailed",
+        *([] if args.temperature is None else ["--temperature", str(args.temperature)]),
     ])  # fmt: skip
     result: dict[str, Any] = bench_main(bench_args)
     if result.get("failed"):
@@ -368,6 +369,9 @@ def parse_args(
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--rounds", type=int, default=rounds, help="repeat every level")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--temperature", type=float, help="sent with every request (default: none is sent)"
+    )
     if extra is not None:
         extra(parser)
     args = parser.parse_args()

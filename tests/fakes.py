@@ -20,6 +20,7 @@ from sluicegate.engine.protocol import (
     ChatMessages,
     ChoiceDelta,
     EngineStep,
+    EngineTimes,
     Prompt,
     SamplingOptions,
     StructuredOutput,
@@ -113,6 +114,7 @@ class FakeEngine:
         if self.fail_before_output is not None:
             raise self.fail_before_output
         self.active.add(request_id)
+        taken = time.perf_counter()  # reported as vLLM's engine reports its own times
         try:
             words = self.words[: options.max_tokens]
             for position, word in enumerate(words):
@@ -142,6 +144,7 @@ class FakeEngine:
                     prompt_logprobs=_prompt_logprobs(prompt.ids, options)
                     if position == 0
                     else None,
+                    times=EngineTimes(taken, taken, time.perf_counter()) if position == 0 else None,
                 )
         finally:
             self.active.discard(request_id)

@@ -132,3 +132,45 @@ def test_a_dropped_stream_counts_as_a_client_disconnect(
         assert time.monotonic() < deadline, "the disconnect was not counted"
         time.sleep(0.1)
     assert value(samples, "sluicegate_requests_in_flight", model=model) == 0
+
+
+PHASES = ("prepare", "wait", "hand_off", "queue", "prefill", "deliver", "write")
+
+
+def test_a_generation_has_every_phase_of_its_timeline_and_they_add_up(
+    gateway: GatewayProcess, model: str
+) -> None:
+    """The engine's own times (vLLM's request stats) fill the middle of the timeline: one
+    streamed request observes every phase once, and the phases add up to what the client
+    waited for its first byte, give or take the loopback."""
+    before = scrape(gateway.url)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 8,
+        "temperature": 0.8,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = r.iter_raw()
+        next(chunks)
+        first_byte = time.perf_counter() - started
+        for _ in chunks:
+            pass
+    after = scrape(gateway.url)
+    seconds = {}
+    for phase in PHASES:
+        labels = {"model": model, "phase": phase}
+        name = "sluicegate_request_phase_seconds"
+        count = value(after, f"{name}_count", **labels) - value(before, f"{name}_count", **labels)
+        assert count == 1, (phase, count)
+        seconds[phase] = value(after, f"{name}_sum", **labels) - value(
+            before, f"{name}_sum", **labels
+        )
+    # A prefill on this CPU takes milliseconds at least; the gateway's own phases are short.
+    assert seconds["prefill"] > 0.001, seconds
+    total = sum(seconds.values())
+    assert total <= first_byte, (seconds, first_byte)
+    assert total > 0.5 * first_byte, (seconds, first_byte)

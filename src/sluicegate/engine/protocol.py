@@ -81,6 +81,16 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineTimes:
+    """When the engine took a request, first scheduled it, and produced its first token, by
+    the engine's own clock read as `time.perf_counter()`."""
+
+    queued: float
+    scheduled: float
+    first_token: float
+
+
 @dataclass(slots=True)
 class EngineStep:
     """One engine output for a request: the deltas of the choices that moved."""
@@ -91,6 +101,8 @@ class EngineStep:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """With `SamplingOptions.prompt_logprobs`, in the first step: one entry per prompt token
     (None for the first, which nothing predicts)."""
+    times: EngineTimes | None = None
+    """In the first step with a token, from an engine that reports them (vLLM's)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sluicegate.engine.protocol import (
     ChoiceDelta,
     EngineStep,
+    EngineTimes,
     FinishReason,
     Prompt,
     SamplingOptions,
@@ -208,8 +210,13 @@ class VLLMEngine:
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
             scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
+            timed = False
             async with contextlib.aclosing(stream):
                 async for output in stream:
+                    times = None
+                    if not timed and (stats := output.metrics) is not None:
+                        times = _engine_times(stats)
+                        timed = times is not None
                     prompt_ids = output.prompt_token_ids or ()
                     prompt_logprobs = None
                     if options.prompt_logprobs is not None and output.prompt_logprobs:
@@ -222,6 +229,7 @@ class VLLMEngine:
                         prompt_tokens=len(prompt_ids),
                         finished=output.finished,
                         prompt_logprobs=prompt_logprobs,
+                        times=times,
                     )
         except EngineDeadError as exc:
             raise EngineUnavailableError() from exc
@@ -315,6 +323,24 @@ def _first_line(message: str) -> str:
             line[: line.rfind("[", 0, marker)].rstrip() + " " + (rest[1] if len(rest) > 1 else "")
         )
     return line.strip()[:500]
+
+
+_MONOTONIC_TO_PERF = time.perf_counter() - time.monotonic()
+"""vLLM's engine core stamps with `time.monotonic()` (CLOCK_MONOTONIC, shared by the
+processes of a host); the gateway's timeline uses `time.perf_counter()` (the same clock on
+Linux, where this is about 0)."""
+
+
+def _engine_times(stats: Any) -> EngineTimes | None:
+    """The engine's times from vLLM's request stats, once it has produced a first token."""
+    first = stats.first_token_ts
+    if not first or not stats.scheduled_ts:
+        return None
+    return EngineTimes(
+        queued=(stats.queued_ts or stats.scheduled_ts) + _MONOTONIC_TO_PERF,
+        scheduled=stats.scheduled_ts + _MONOTONIC_TO_PERF,
+        first_token=first + _MONOTONIC_TO_PERF,
+    )
 
 
 def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluicegate.http.asgi import header
 from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
-from sluicegate.observability import metrics
+from sluicegate.observability import metrics, timeline
 from sluicegate.observability.logs import lean_record
 from sluicegate.observability.record import RequestRecord, close_request, open_request
 from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
@@ -77,8 +77,11 @@ class TelemetryMiddleware:
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 response.start(message)
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                response.finished = time.perf_counter()
+            elif message["type"] == "http.response.body":
+                if record.first_byte is None and message.get("body"):
+                    record.first_byte = time.perf_counter()
+                if not message.get("more_body"):
+                    response.finished = time.perf_counter()
             await send(message)
 
         inference = scope["path"] in INFERENCE_PATHS
@@ -125,6 +128,11 @@ class TelemetryMiddleware:
             if timed is None:
                 timed = self._durations[endpoint] = metrics.REQUEST_DURATION.labels(endpoint, model)
             timed.observe(ended - record.started)
+            if record.first_token is not None:
+                timeline.observe(record, model)
+                span = trace.get_current_span()
+                if span.is_recording():
+                    timeline.add_events(span, record)
         level = logging.DEBUG if scope["path"] in PROBE_PATHS else logging.INFO
         if access_logger.isEnabledFor(level):
             fields = _access_fields(scope, record, response, model, status, ended)

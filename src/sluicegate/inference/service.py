@@ -34,6 +34,7 @@ from sluicegate.inference.structured import (
     requested_constraint,
 )
 from sluicegate.inference.telemetry import GenerationTelemetry, count_structured
+from sluicegate.observability.record import mark_prepared
 from sluicegate.wire.completion import Collector, Completion
 from sluicegate.wire.events import stream_writer
 from sluicegate.wire.formats import ChatFormat, CompletionFormat, chat_format, completion_format
@@ -121,6 +122,7 @@ class CompletionService:
         fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted, structured)
         prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
+        mark_prepared()
         return Run(
             fmt.id, prompts, options, fmt, arrival_time, request.include_usage, fitted.report
         )
@@ -147,6 +149,7 @@ class CompletionService:
             fitted = self._unfitted(request, [p if isinstance(p, list) else [] for p in batch])
             prompts = [Prompt(p) if isinstance(p, list) else Prompt([], text=p) for p in batch]
             options = self._options(request, fitted, structured)
+            mark_prepared()
             return Run(fmt.id, prompts, options, fmt, arrival_time, request.include_usage)
         as_text = isinstance(batch[0], str)
         encoded = [await self._encode_prompt(p, request.truncation) for p in batch]
@@ -166,6 +169,7 @@ class CompletionService:
         if request.echo:
             echo = await self._echo(whole, fitted.prompts, request.scores_only)
         prompts = [Prompt(ids, text=text) for ids, text in zip(fitted.prompts, whole, strict=True)]
+        mark_prepared()
         return Run(
             fmt.id,
             prompts,

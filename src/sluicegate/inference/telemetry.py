@@ -115,6 +115,8 @@ class GenerationTelemetry:
         self._first_token: float | None = None
         self._last_token: dict[int, float] = {}
         self._finish_reasons: list[str] = []
+        if self._record is not None and self._record.handed is None:
+            self._record.handed = time.perf_counter()
         self._span: Span = tracer.start_span(f"{operation} {model}", kind=SpanKind.INTERNAL)
         if self._span.is_recording():
             self._span.set_attributes(
@@ -152,8 +154,13 @@ class GenerationTelemetry:
         if self._first_token is None:
             self._first_token = now
             self._series.ttft.observe(now - self._started)
-            if self._record is not None:
-                self._record.first_token = now
+            record = self._record
+            if record is not None:
+                record.first_token = now
+                if (times := step.times) is not None:
+                    record.queued = times.queued
+                    record.scheduled = times.scheduled
+                    record.engine_first_token = times.first_token
             self._span.add_event("first_token")
         last = self._last_token.get(prompt_index)
         if last is not None:

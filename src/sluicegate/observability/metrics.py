@@ -95,6 +95,18 @@ TIME_TO_FIRST_TOKEN = Histogram(
     ["model"],
     buckets=TTFT_BUCKETS,
 )
+PHASE_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+REQUEST_PHASE = Histogram(
+    "sluicegate_request_phase_seconds",
+    "The phases of a request's time to first byte (observability.timeline): prepare, wait "
+    "(admission, cache), hand_off (to the engine core), queue (the engine's waiting queue), "
+    "prefill, deliver (the first token back to the gateway) and write (the first byte out).",
+    ["model", "phase"],
+    buckets=PHASE_BUCKETS,
+)
 INTER_TOKEN_LATENCY = Histogram(
     "sluicegate_inter_token_latency_seconds",
     "Time between consecutive tokens of one choice, as the engine hands them to streams.",

@@ -1,9 +1,12 @@
-"""What one request's access line needs, filled in by whoever learns it while it is served.
+"""What one request's access line and timeline need, filled in by whoever learns it while
+it is served.
 
 `TelemetryMiddleware` opens a `RequestRecord` for each HTTP request and makes it current
-(a context variable, so it follows the request into the tasks it starts); the engine-run hook
-adds token counts and the first token's time. Code with no current request (unit tests of
-the service, background work) gets None and records nothing.
+(a context variable, so it follows the request into the tasks it starts); the service marks
+when the request was prepared, the engine-run hook adds token counts and the engine's times,
+and the middleware the first byte sent (`observability.timeline` makes phases of them). Code
+with no current request (unit tests of the service, background work) gets None and records
+nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +24,24 @@ class RequestRecord:
     completion_tokens: int | None = None
     first_token: float | None = None
     """`time.perf_counter()` when the engine produced the request's first token."""
+    # The request's timeline (`observability.timeline`), each a `time.perf_counter()`.
+    prepared: float | None = None
+    handed: float | None = None
+    queued: float | None = None
+    scheduled: float | None = None
+    engine_first_token: float | None = None
+    first_byte: float | None = None
 
     def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens
         self.completion_tokens = (self.completion_tokens or 0) + completion_tokens
+
+
+def mark_prepared() -> None:
+    """The current request's prompts are rendered, tokenized and fitted to the budget."""
+    record = _current.get()
+    if record is not None and record.prepared is None:
+        record.prepared = time.perf_counter()
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("sluicegate_request", default=None)
