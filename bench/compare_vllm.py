@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy
@@ -178,6 +178,40 @@ def drive(
     for field in ("generated_texts", "itls", "errors", "input_lens"):
         result.pop(field, None)
     return result
+
+
+T = TypeVar("T")
+
+
+def probed_run(
+    kind: str, repeat: int, args: argparse.Namespace, log: Path, probe: Callable[[int], T]
+) -> tuple[dict[str, Any], T, T]:
+    """One run of a paired benchmark: `kind`'s server started and warmed up, `args.requests`
+    requests at concurrency `args.level`, and `probe(server pid)` just before and just after
+    them; the server is stopped at the end."""
+    process = start(kind, args.model, args.port, args, log)
+    try:
+        drive(args.port, args.model, 4, args, num_prompts=8, seed=WARMUP_SEED)
+        before = probe(process.pid)
+        result = drive(
+            args.port, args.model, args.level, args, num_prompts=args.requests, seed=1000 + repeat
+        )
+        after = probe(process.pid)
+    finally:
+        stop(process)
+    return result, before, after
+
+
+def paired_runs(
+    args: argparse.Namespace, measure: Callable[[str, int, argparse.Namespace], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`args.repeats` repeats of `measure` on both servers at `args.level`, A-B-B-A."""
+    runs: list[dict[str, Any]] = []
+    for repeat, _, order in turns(args.repeats, [args.level]):
+        for kind in order:
+            print(f"--- repeat {repeat + 1}: {kind}", flush=True)
+            runs.append({"kind": kind, "repeat": repeat, **measure(kind, repeat, args)})
+    return runs
 
 
 def summarize(levels: list[dict[str, Any]]) -> list[float]:

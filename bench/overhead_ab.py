@@ -29,17 +29,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from compare_vllm import (
-    RESULTS,
-    WARMUP_SEED,
-    drive,
-    machine,
-    parse_args,
-    publish,
-    start,
-    stop,
-    turns,
-)
+from compare_vllm import RESULTS, machine, paired_runs, parse_args, probed_run, publish
 
 ENGINE_TTFT = "vllm:time_to_first_token_seconds"
 
@@ -98,19 +88,15 @@ def spent_between(
 
 
 def measure(kind: str, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
-    process = start(kind, args.model, args.port, args, RESULTS / f"ab-{kind}-server.log")
     metrics = f"http://127.0.0.1:{args.port}/metrics"
-    try:
-        drive(args.port, args.model, 4, args, num_prompts=8, seed=WARMUP_SEED)
-        cpu_before = cpu_times(process.pid)
-        engine_before = histogram_totals(httpx.get(metrics).text, ENGINE_TTFT)
-        result = drive(
-            args.port, args.model, args.level, args, num_prompts=args.requests, seed=1000 + repeat
-        )
-        engine_after = histogram_totals(httpx.get(metrics).text, ENGINE_TTFT)
-        cpu_after = cpu_times(process.pid)
-    finally:
-        stop(process)
+
+    def probe(pid: int) -> tuple[dict[str, tuple[float, float]], tuple[float, float]]:
+        return cpu_times(pid), histogram_totals(httpx.get(metrics).text, ENGINE_TTFT)
+
+    log = RESULTS / f"ab-{kind}-server.log"
+    result, (cpu_before, engine_before), (cpu_after, engine_after) = probed_run(
+        kind, repeat, args, log, probe
+    )
     served = engine_after[1] - engine_before[1]
     if served != args.requests:
         raise SystemExit(
@@ -150,11 +136,7 @@ def main() -> None:
         parser.add_argument("--repeats", type=int, default=2)
 
     args = parse_args(__doc__.splitlines()[0], [1], 1, 1, 1, 8792, extra)
-    runs: list[dict[str, Any]] = []
-    for repeat, _, order in turns(args.repeats, [args.level]):
-        for kind in order:
-            print(f"--- repeat {repeat + 1}: {kind}", flush=True)
-            runs.append({"kind": kind, "repeat": repeat, **measure(kind, repeat, args)})
+    runs = paired_runs(args, measure)
     heading = (
         f"Machine: {machine()}; concurrency {args.level}, {args.requests} requests per run, "
         f"{args.input_len} tokens in / {args.output_len} out; {time.strftime('%Y-%m-%d')}"

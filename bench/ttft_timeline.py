@@ -30,8 +30,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from compare_vllm import RESULTS, WARMUP_SEED, drive, machine, parse_args, publish, start, stop
-from compare_vllm import turns as paired_turns
+from compare_vllm import RESULTS, machine, paired_runs, parse_args, probed_run, publish
 
 ENGINE = {
     "engine TTFT": "vllm:time_to_first_token_seconds",
@@ -79,17 +78,13 @@ def means_ms(
 
 
 def measure(kind: str, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
-    process = start(kind, args.model, args.port, args, RESULTS / f"timeline-{kind}-server.log")
     metrics = f"http://127.0.0.1:{args.port}/metrics"
-    try:
-        drive(args.port, args.model, 4, args, num_prompts=8, seed=WARMUP_SEED)
-        before = totals(httpx.get(metrics, timeout=30).text)
-        result = drive(
-            args.port, args.model, args.level, args, num_prompts=args.requests, seed=1000 + repeat
-        )
-        after = totals(httpx.get(metrics, timeout=30).text)
-    finally:
-        stop(process)
+
+    def probe(_: int) -> dict[str, tuple[float, float]]:
+        return totals(httpx.get(metrics, timeout=30).text)
+
+    log = RESULTS / f"timeline-{kind}-server.log"
+    result, before, after = probed_run(kind, repeat, args, log, probe)
     ttfts = [t * 1000 for t in result["ttfts"]]
     return {
         "client mean TTFT": statistics.fmean(ttfts),
@@ -146,11 +141,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0], [16], 1, 1, 1, 8794, extra)
     if args.temperature is None:
         args.temperature = 0.8
-    runs: list[dict[str, Any]] = []
-    for repeat, _, order in paired_turns(args.repeats, [args.level]):
-        for kind in order:
-            print(f"--- repeat {repeat + 1}: {kind}", flush=True)
-            runs.append({"kind": kind, "repeat": repeat, **measure(kind, repeat, args)})
+    runs = paired_runs(args, measure)
     heading = (
         f"Machine: {machine()}; concurrency {args.level}, {args.requests} requests per run, "
         f"{args.input_len} tokens in / {args.output_len} out, temperature {args.temperature}; "
