@@ -31,6 +31,7 @@ from sluicegate.http.errors import install_error_handlers
 from sluicegate.http.request_id import RequestIdMiddleware
 from sluicegate.http.state import AppState
 from sluicegate.http.telemetry import TelemetryMiddleware
+from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.service import CompletionService
 from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
@@ -100,6 +101,7 @@ def create_app(
                 wiring.request_limits(settings),
                 wiring.budget_policy(settings),
                 wiring.structured_limits(settings),
+                PrefillQueue(QueueConfig(objective=settings.ttft_objective)),
             )
             state = AppState(
                 engine=engine,

@@ -417,6 +417,14 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(
         default=512, ge=1, description="Inference requests in flight before new ones get a 503."
     )
+    ttft_objective: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds to the first token that admitted requests keep: a request whose "
+        "expected wait for its first token (the prompt tokens ahead of it over the engine's "
+        "measured drain rate) is longer gets a 503 `overloaded` at once, with a Retry-After "
+        "of how long the queue takes to drain. Unset: every request is queued.",
+    )
     max_in_flight_per_key: int | None = Field(
         default=None, ge=1, description="In-flight requests per API key before a 429. Unset: none."
     )

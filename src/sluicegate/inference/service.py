@@ -26,6 +26,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
 from sluicegate.inference.budget import BudgetPolicy, FittedPrompts, TokenBudget
+from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
     ConstraintCheck,
@@ -72,8 +73,10 @@ class CompletionService:
         limits: RequestLimits | None = None,
         budget: BudgetPolicy | None = None,
         structured: StructuredLimits | None = None,
+        queue: PrefillQueue | None = None,
     ):
         self._engine = engine
+        self._queue = queue or PrefillQueue(QueueConfig())
         self._model_name = model_name
         self._limits = limits or RequestLimits()
         self._structured = structured or StructuredLimits()
@@ -408,28 +411,31 @@ class CompletionService:
         fmt = run.format.chat if isinstance(run.format, ResponsesFormat) else run.format
         operation = "text_completion" if isinstance(fmt, CompletionFormat) else "chat"
         tools = fmt.tools if isinstance(fmt, ChatFormat) else None
-        with GenerationTelemetry(
-            operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
-        ) as telemetry:
-            if len(run.prompts) == 1:
-                async with contextlib.aclosing(
-                    self._engine.generate(
+        # Refused here, before any engine work, when the first token would come too late.
+        ticket = self._queue.enter(run.prompt_tokens)
+        try:
+            with GenerationTelemetry(
+                operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
+            ) as telemetry:
+                if len(run.prompts) == 1:
+                    steps = self._engine.generate(
                         run.engine_request_id(0),
                         run.prompts[0],
                         run.options,
                         arrival_time=run.arrival_time,
                         priority=run.priority,
                     )
-                ) as steps:
-                    async for step in steps:
-                        telemetry.step(0, step)
-                        _count_prompt(run, 0, step)
-                        yield 0, step
-                return
-            async for prompt_index, step in _merge(self._engine, run):
-                telemetry.step(prompt_index, step)
-                _count_prompt(run, prompt_index, step)
-                yield prompt_index, step
+                    tagged: AsyncGenerator[tuple[int, EngineStep], None] = _tagged(steps)
+                else:
+                    tagged = _merge(self._engine, run)
+                async with contextlib.aclosing(tagged) as each:
+                    async for prompt_index, step in each:
+                        if telemetry.step(prompt_index, step):
+                            ticket.started()
+                        _count_prompt(run, prompt_index, step)
+                        yield prompt_index, step
+        finally:
+            ticket.close()
 
 
 class _Echoing:
@@ -496,7 +502,16 @@ async def _events(
             await on_end(produced + run.uncounted_prompt_tokens)
 
 
-async def _merge(engine: EngineClient, run: Run) -> AsyncIterator[tuple[int, EngineStep]]:
+async def _tagged(
+    steps: AsyncGenerator[EngineStep, None],
+) -> AsyncGenerator[tuple[int, EngineStep], None]:
+    """The one prompt's steps, tagged with its index; closing this closes them."""
+    async with contextlib.aclosing(steps):
+        async for step in steps:
+            yield 0, step
+
+
+async def _merge(engine: EngineClient, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
     """Run a batch of prompts concurrently; cancelling the consumer cancels them all."""
     queue: asyncio.Queue[tuple[int, EngineStep] | BaseException | None] = asyncio.Queue()
 

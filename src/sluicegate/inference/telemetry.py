@@ -139,8 +139,9 @@ class GenerationTelemetry:
     def __enter__(self) -> GenerationTelemetry:
         return self
 
-    def step(self, prompt_index: int, step: EngineStep) -> None:
-        """Account for one engine step of the prompt at `prompt_index` of the run."""
+    def step(self, prompt_index: int, step: EngineStep) -> bool:
+        """Account for one engine step of the prompt at `prompt_index` of the run; whether
+        it brought the run's first token."""
         self._answered = True
         tokens = 0
         for delta in step.choices:
@@ -149,9 +150,10 @@ class GenerationTelemetry:
             if delta.finish_reason is not None:
                 self._finish_reasons.append(delta.finish_reason)
         if not tokens:
-            return
+            return False
         now = time.perf_counter()
-        if self._first_token is None:
+        first = self._first_token is None
+        if first:
             self._first_token = now
             self._series.ttft.observe(now - self._started)
             record = self._record
@@ -169,6 +171,7 @@ class GenerationTelemetry:
             for _ in range(tokens):
                 self._series.itl.observe(gap)
         self._last_token[prompt_index] = now
+        return first
 
     def __exit__(
         self,

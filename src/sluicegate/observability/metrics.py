@@ -43,6 +43,15 @@ ADMISSION_REFUSED = Counter(
     "Requests refused before any work by admission control.",
     ["reason"],
 )
+PREFILL_QUEUE_TOKENS = Gauge(
+    "sluicegate_prefill_queue_tokens",
+    "Prompt tokens of the runs handed to the engine and waiting for their first token.",
+)
+PREFILL_RATE = Gauge(
+    "sluicegate_prefill_rate_tokens_per_second",
+    "The engine's measured drain rate: prompt tokens reaching their first token per second "
+    "while runs wait (0 until measured). TTFT_OBJECTIVE admission divides the queue by it.",
+)
 
 # ---- requests and generations (observability.middleware, observability.generation) ------
 # LLM latencies run from milliseconds (a cache hit, one decode step) to minutes (long
@@ -346,7 +355,7 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
 for _outcome in ("hit", "miss", "off"):
     CACHE_NEAR_REQUESTS.labels(_outcome)
-for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded"):
+for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded", "ttft_objective"):
     ADMISSION_REFUSED.labels(_reason)
 for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):
     STRUCTURED_OUTPUT_REQUESTS.labels(_kind)

@@ -1,0 +1,136 @@
+"""Admission by expected time to first token: the runs waiting for their first token, and
+how fast the engine works through them.
+
+Each run handed to the engine joins the queue with its prompt tokens, and leaves it at its
+first token (or when it ends without one). The engine's drain rate is measured from those
+departures: prompt tokens that reached their first token per second of time with runs
+waiting, over the last `window` seconds of such time. A new run's expected wait is then the
+prompt tokens ahead of it, its own included, over that rate.
+
+With a TTFT `objective`, a run whose expected wait is past it is refused at once (503
+`overloaded`), with a `Retry-After` of how long the queue takes to drain to where a new run
+would meet it; so the runs admitted keep their objective instead of every run getting slow.
+Until `min_samples` departures have been measured nothing is refused: a cold engine has no
+rate to go by. The estimate covers this gateway's own runs, which are all of the engine's
+work in-process; an engine shared with others (an upstream) may be busier than it shows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sluicegate.errors import OverloadedError
+from sluicegate.observability import metrics
+
+MAX_RETRY_AFTER_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    objective: float | None = None
+    """Seconds; None: every run is admitted (the queue is still measured)."""
+    window: float = 30.0
+    min_samples: int = 8
+
+
+class QueueTicket:
+    """A run's place in the queue, until its first token (`started`) or its end (`close`)."""
+
+    __slots__ = ("_open", "_queue", "tokens")
+
+    def __init__(self, queue: PrefillQueue, tokens: int) -> None:
+        self._queue = queue
+        self.tokens = tokens
+        self._open = True
+
+    def started(self) -> None:
+        """The run's first token: its prompt is drained."""
+        if self._open:
+            self._open = False
+            self._queue._leave(self, drained=True)
+
+    def close(self) -> None:
+        """The run ended; if it never had a first token it drained nothing."""
+        if self._open:
+            self._open = False
+            self._queue._leave(self, drained=False)
+
+
+class PrefillQueue:
+    def __init__(self, config: QueueConfig, clock: Callable[[], float] = time.monotonic):
+        self._config = config
+        self._clock = clock
+        self.waiting = 0
+        self.tokens = 0
+        """Prompt tokens of the runs waiting for their first token."""
+        self._busy_since: float | None = None
+        self._samples: deque[tuple[float, int]] = deque()
+        """(seconds with runs waiting, tokens drained) since the last departure, per departure."""
+        self._busy = 0.0
+        self._drained = 0
+
+    def rate(self) -> float | None:
+        """Prompt tokens that reach their first token per second while runs wait, or None
+        before there are enough departures to tell."""
+        if len(self._samples) < self._config.min_samples or self._busy <= 0:
+            return None
+        return self._drained / self._busy
+
+    def expected_wait(self, tokens: int) -> float | None:
+        """Seconds until a new run of `tokens` prompt tokens would have its first token."""
+        rate = self.rate()
+        return None if rate is None else (self.tokens + tokens) / rate
+
+    def enter(self, tokens: int) -> QueueTicket:
+        """Join the queue, or raise `OverloadedError` when the run would miss the objective."""
+        objective = self._config.objective
+        if objective is not None:
+            expected = self.expected_wait(tokens)
+            if expected is not None and expected > objective:
+                metrics.ADMISSION_REFUSED.labels("ttft_objective").inc()
+                retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected - objective)))
+                raise OverloadedError(
+                    f"The server cannot start this request within its {objective:g} s "
+                    f"objective for the first token (expected {expected:.1f} s). Retry "
+                    f"in {retry} s.",
+                    headers={"retry-after": str(retry)},
+                )
+        now = self._clock()
+        if self.waiting == 0:
+            self._busy_since = now
+        self.waiting += 1
+        self.tokens += tokens
+        metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
+        return QueueTicket(self, tokens)
+
+    def _leave(self, ticket: QueueTicket, drained: bool) -> None:
+        now = self._clock()
+        self.waiting -= 1
+        self.tokens -= ticket.tokens
+        metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
+        busy = 0.0
+        if self._busy_since is not None:
+            busy = now - self._busy_since
+            self._busy_since = now if self.waiting else None
+        if drained:
+            self._add(busy, ticket.tokens)
+        elif busy:
+            self._add(busy, 0)
+
+    def _add(self, busy: float, tokens: int) -> None:
+        samples = self._samples
+        samples.append((busy, tokens))
+        self._busy += busy
+        self._drained += tokens
+        # Keep the last `window` seconds of busy time (and at least min_samples departures).
+        while len(samples) > self._config.min_samples and self._busy - samples[0][0] >= (
+            self._config.window
+        ):
+            old_busy, old_tokens = samples.popleft()
+            self._busy -= old_busy
+            self._drained -= old_tokens
+        metrics.PREFILL_RATE.set(self.rate() or 0.0)

@@ -1,0 +1,107 @@
+"""Admission by expected time to first token (`inference.prefill_queue`): the drain rate
+measured from first tokens, refusals with a Retry-After from it, and through the app with
+the fake engine."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sluicegate.errors import OverloadedError
+from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
+from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def measured(rate: float, objective: float | None = 2.0) -> tuple[PrefillQueue, Clock]:
+    """A queue that has seen one run of `rate` tokens take a second to its first token."""
+    clock = Clock()
+    queue = PrefillQueue(QueueConfig(objective=objective, min_samples=1), clock)
+    ticket = queue.enter(int(rate))
+    clock.now += 1.0
+    ticket.started()
+    return queue, clock
+
+
+def test_the_rate_is_tokens_drained_per_second_with_runs_waiting() -> None:
+    queue, clock = measured(100, objective=None)
+    assert queue.rate() == 100.0
+    clock.now += 10  # idle time does not count
+    a, b = queue.enter(100), queue.enter(300)
+    clock.now += 2.0
+    a.started()
+    b.started()  # both in one engine step: 400 tokens in 2 s
+    assert queue.rate() == pytest.approx(500 / 3)
+    assert queue.waiting == 0 and queue.tokens == 0
+
+
+def test_a_run_that_would_miss_the_objective_is_refused_with_the_time_to_drain() -> None:
+    queue, clock = measured(100, objective=3.2)
+    waiting = [queue.enter(100) for _ in range(3)]  # 1, 2 and 3 s: admitted
+    assert queue.expected_wait(250) == pytest.approx(5.5)
+    with pytest.raises(OverloadedError) as refused:
+        queue.enter(250)
+    assert refused.value.status_code == 503
+    assert refused.value.headers == {"retry-after": "3"}  # 5.5 s expected, 3.2 s allowed
+    assert "3.2 s objective" in str(refused.value)
+    assert queue.waiting == 3  # the refused run took no place
+    for ticket in waiting[:2]:  # the engine keeps its pace: 100 tokens a second
+        clock.now += 1.0
+        ticket.started()
+    assert queue.rate() == pytest.approx(100.0)
+    with pytest.raises(OverloadedError):
+        queue.enter(250)  # 100 + 250 tokens at 100/s: 3.5 s
+    clock.now += 1.0
+    waiting[2].started()
+    assert queue.enter(250).tokens == 250  # 2.5 s: admitted
+
+
+def test_a_run_that_ends_without_a_first_token_frees_its_place_and_drains_nothing() -> None:
+    queue, clock = measured(100, objective=None)
+    ticket = queue.enter(1000)
+    clock.now += 1.0
+    ticket.close()
+    ticket.started()  # late: ignored
+    assert queue.tokens == 0 and queue.waiting == 0
+    assert queue.rate() == pytest.approx(50.0)  # 100 tokens over 2 busy seconds
+
+
+def test_nothing_is_refused_before_the_rate_is_known_or_without_an_objective() -> None:
+    cold = PrefillQueue(QueueConfig(objective=0.001))
+    for _ in range(20):
+        cold.enter(10_000)
+    assert cold.rate() is None
+    unbounded, _ = measured(1, objective=None)
+    unbounded.enter(1_000_000)
+
+
+def test_the_rate_follows_the_last_window_of_busy_time() -> None:
+    clock = Clock()
+    queue = PrefillQueue(QueueConfig(objective=None, window=10.0, min_samples=2), clock)
+    for tokens in (100, 100, 100, 1000, 1000, 1000):  # the engine got ten times faster
+        ticket = queue.enter(tokens)
+        clock.now += 5.0
+        ticket.started()
+    assert queue.rate() == pytest.approx(200.0)
+
+
+def test_through_the_app_a_late_first_token_is_a_503_and_a_stream_too() -> None:
+    engine = FakeEngine(delays=[0.05, 0.0])
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(fake_app(engine, ttft_objective=0.01)) as client:
+        for _ in range(8):  # cold: admitted while the rate is measured
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        refused = client.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
+        assert streamed.status_code == 503
+    assert len(engine.requests) == 8  # the refused runs never reached the engine
