@@ -162,7 +162,11 @@ def configure_logging(level: str, log_format: LogFormat = "plain") -> None:
         logging.getLogger(quiet).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-FLUSH_INTERVAL = 0.05
+FLUSH_INTERVAL = 0.01
+"""Seconds between the writer's batches. Formatting a batch holds the GIL, which the event
+loop's thread then waits for: a batch of 10 ms of a busy gateway's lines (~70 at 7,000
+requests/s) takes under a millisecond, where one of 50 ms put 3 to 4 ms on the requests
+being served (a cache hit's P99 at concurrency 32 went from 11.0 to 8.0 ms)."""
 MAX_BUFFERED_RECORDS = 10_000
 """Records waiting for the writer: about 3 MB of access lines, 0.2 s of a very busy gateway's
 logging; more means stderr is stuck, and then the oldest go."""
