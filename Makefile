@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-affinity clean
+	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput clean
 
 all: check test
 
@@ -136,6 +136,16 @@ bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed
 # Prefix affinity on two vLLM servers behind sluicegate: their prefix-cache hit rate, off and on.
 bench-affinity: install $(DEV_STAMP)
 	$(PY) bench/prefix_affinity.py
+
+# Where TTFT goes on each server (vLLM's queue and prefill, sluicegate's timeline), A-B-B-A at
+# concurrency 16, temperature 0.8.
+bench-timeline: install $(DEV_STAMP)
+	$(PY) bench/ttft_timeline.py
+
+# Open-loop overload at 1x, 2x and 4x the engine's capacity: sluicegate with a 2 s TTFT
+# objective against vLLM's server; goodput, TTFT of admitted requests, refusal latency.
+bench-goodput: install $(DEV_STAMP)
+	$(PY) bench/goodput.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules

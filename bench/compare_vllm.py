@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -83,13 +84,30 @@ def start(
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
     }
+    wait_port_free(port)
     with log.open("wb") as out:
         process = subprocess.Popen(
             server_command(kind, model, port, args), stdout=out, stderr=subprocess.STDOUT,
             env=env, start_new_session=True,
         )  # fmt: skip
-    wait_ready(f"http://127.0.0.1:{port}/health", process, f"{kind} server (see {log})", 600)
+    # sluicegate's /health is liveness; /ready says the engine is up (vLLM's /health does).
+    ready = "/ready" if kind == "sluicegate" else "/health"
+    wait_ready(f"http://127.0.0.1:{port}{ready}", process, f"{kind} server (see {log})", 600)
     return process
+
+
+def wait_port_free(port: int, timeout_s: float = 60.0) -> None:
+    """Until nothing accepts connections on `port`: a server stopped a moment ago may still
+    answer there while it shuts down (vLLM's API server process outlives its parent), and the
+    next server's readiness check would then be answered by the old one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"port {port} still in use {timeout_s:.0f} s after its server stopped")
+        time.sleep(0.5)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
