@@ -4,8 +4,12 @@ how fast the engine works through them.
 Each run handed to the engine joins the queue with its prompt tokens, and leaves it at its
 first token (or when it ends without one). The engine's drain rate is measured from those
 departures: prompt tokens that reached their first token per second of time with runs
-waiting, over the last `window` seconds of such time. A new run's expected wait is then the
-prompt tokens ahead of it, its own included, over that rate.
+waiting, over the last `window` seconds of such time. A new run's expected time to first
+token is then the time it has already spent (since its arrival: template, tokenizing, the
+cache), plus the prompt tokens ahead of it, its own included, over that rate, plus what the
+queue alone does not explain: the step the engine is in when the run reaches it, the first
+token's way back. That last part is learnt from the departures, as the mean (exponentially
+weighted) of how much later than predicted each run's first token came.
 
 With a TTFT `objective`, a run whose expected wait is past it is refused at once (503
 `overloaded`), with a `Retry-After` of how long the queue takes to drain to where a new run
@@ -35,16 +39,23 @@ class QueueConfig:
     """Seconds; None: every run is admitted (the queue is still measured)."""
     window: float = 30.0
     min_samples: int = 8
+    learning: float = 0.2
+    """Weight of each departure in the mean lateness of first tokens."""
 
 
 class QueueTicket:
     """A run's place in the queue, until its first token (`started`) or its end (`close`)."""
 
-    __slots__ = ("_open", "_queue", "tokens")
+    __slots__ = ("_open", "_queue", "entered", "predicted", "tokens")
 
-    def __init__(self, queue: PrefillQueue, tokens: int) -> None:
+    def __init__(
+        self, queue: PrefillQueue, tokens: int, entered: float, predicted: float | None
+    ) -> None:
         self._queue = queue
         self.tokens = tokens
+        self.entered = entered
+        self.predicted = predicted
+        """Seconds from entering to the first token that the queue and rate foretold."""
         self._open = True
 
     def started(self) -> None:
@@ -72,6 +83,8 @@ class PrefillQueue:
         """(seconds with runs waiting, tokens drained) since the last departure, per departure."""
         self._busy = 0.0
         self._drained = 0
+        self.lateness = 0.0
+        """Seconds by which first tokens come later than the queue over the rate foretells."""
 
     def rate(self) -> float | None:
         """Prompt tokens that reach their first token per second while runs wait, or None
@@ -82,15 +95,21 @@ class PrefillQueue:
 
     def expected_wait(self, tokens: int) -> float | None:
         """Seconds until a new run of `tokens` prompt tokens would have its first token."""
+        drained = self._drained_in(tokens)
+        return None if drained is None else drained + self.lateness
+
+    def _drained_in(self, tokens: int) -> float | None:
         rate = self.rate()
         return None if rate is None else (self.tokens + tokens) / rate
 
-    def enter(self, tokens: int) -> QueueTicket:
-        """Join the queue, or raise `OverloadedError` when the run would miss the objective."""
+    def enter(self, tokens: int, elapsed: float = 0.0) -> QueueTicket:
+        """Join the queue, or raise `OverloadedError` when the run, `elapsed` seconds after
+        its arrival, would miss the objective."""
         objective = self._config.objective
-        if objective is not None:
-            expected = self.expected_wait(tokens)
-            if expected is not None and expected > objective:
+        wait = self.expected_wait(tokens)
+        if objective is not None and wait is not None:
+            expected = elapsed + wait
+            if expected > objective:
                 metrics.ADMISSION_REFUSED.labels("ttft_objective").inc()
                 retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected - objective)))
                 raise OverloadedError(
@@ -100,12 +119,13 @@ class PrefillQueue:
                     headers={"retry-after": str(retry)},
                 )
         now = self._clock()
+        predicted = self._drained_in(tokens)
         if self.waiting == 0:
             self._busy_since = now
         self.waiting += 1
         self.tokens += tokens
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
-        return QueueTicket(self, tokens)
+        return QueueTicket(self, tokens, now, predicted)
 
     def _leave(self, ticket: QueueTicket, drained: bool) -> None:
         now = self._clock()
@@ -117,6 +137,9 @@ class PrefillQueue:
             busy = now - self._busy_since
             self._busy_since = now if self.waiting else None
         if drained:
+            if ticket.predicted is not None:
+                late = max(0.0, now - ticket.entered - ticket.predicted)
+                self.lateness += self._config.learning * (late - self.lateness)
             self._add(busy, ticket.tokens)
         elif busy:
             self._add(busy, 0)

@@ -412,7 +412,7 @@ class CompletionService:
         operation = "text_completion" if isinstance(fmt, CompletionFormat) else "chat"
         tools = fmt.tools if isinstance(fmt, ChatFormat) else None
         # Refused here, before any engine work, when the first token would come too late.
-        ticket = self._queue.enter(run.prompt_tokens)
+        ticket = self._queue.enter(run.prompt_tokens, time.time() - run.arrival_time)
         try:
             with GenerationTelemetry(
                 operation, self._model_name, run.id, run.prompt_tokens, run.options, tools

@@ -105,3 +105,28 @@ def test_through_the_app_a_late_first_token_is_a_503_and_a_stream_too() -> None:
         streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
         assert streamed.status_code == 503
     assert len(engine.requests) == 8  # the refused runs never reached the engine
+
+
+def test_first_tokens_later_than_foretold_are_learnt_and_counted_in() -> None:
+    clock = Clock()
+    config = QueueConfig(objective=None, min_samples=1, learning=0.5)
+    queue = PrefillQueue(config, clock)
+    first = queue.enter(100)
+    clock.now += 1.0
+    first.started()  # 100 tokens a second
+    for _ in range(2):  # each foretold 1 s, each came after 1.5 s (a step in progress)
+        ticket = queue.enter(100)
+        clock.now += 1.5
+        ticket.started()
+    # The second was 0.5 s late (foretold 1 s at 100/s); the third 0.25 s (1.25 s at 80/s).
+    assert queue.lateness == pytest.approx(0.25)
+    assert queue.rate() == pytest.approx(75.0)
+    assert queue.expected_wait(100) == pytest.approx(100 / 75 + 0.25)
+
+
+def test_the_time_a_run_already_spent_counts_against_its_objective() -> None:
+    queue, _ = measured(100, objective=2.0)
+    queue.enter(150, elapsed=0.4)  # 0.4 s spent + 1.5 s of queue: 1.9 s, admitted
+    with pytest.raises(OverloadedError):
+        queue.enter(10, elapsed=0.5)  # 0.5 + 1.6 s
+    queue.enter(10, elapsed=0.3)  # 0.3 + 1.6 s: admitted
