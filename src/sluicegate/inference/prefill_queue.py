@@ -89,7 +89,9 @@ class PrefillQueue:
     def rate(self) -> float | None:
         """Prompt tokens that reach their first token per second while runs wait, or None
         before there are enough departures to tell."""
-        if len(self._samples) < self._config.min_samples or self._busy <= 0:
+        # No tokens drained yet (runs with unknown prompt sizes, or none that reached a first
+        # token): no rate to go by.
+        if len(self._samples) < self._config.min_samples or self._busy <= 0 or self._drained <= 0:
             return None
         return self._drained / self._busy
 

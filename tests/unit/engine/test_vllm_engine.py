@@ -32,7 +32,9 @@ class RecordingLLM:
         output = SimpleNamespace(
             index=0, text="Hi", token_ids=[7], finish_reason="length", logprobs=None
         )
-        yield SimpleNamespace(outputs=[output], prompt_token_ids=[1, 2, 3], finished=True)
+        yield SimpleNamespace(
+            outputs=[output], prompt_token_ids=[1, 2, 3], finished=True, metrics=None
+        )
 
 
 async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> None:
@@ -197,8 +199,9 @@ class PromptScoringLLM:
                 finish_reason="length" if last else None, logprobs=None,
             )  # fmt: skip
             yield SimpleNamespace(
-                outputs=[output], prompt_token_ids=ids, prompt_logprobs=part, finished=last
-            )
+                outputs=[output], prompt_token_ids=ids, prompt_logprobs=part, finished=last,
+                metrics=None,
+            )  # fmt: skip
 
 
 async def test_prompt_logprobs_and_logit_bias_go_through_in_order() -> None:
@@ -215,3 +218,18 @@ async def test_prompt_logprobs_and_logit_bias_go_through_in_order() -> None:
         ("t6", -1.0, (("best", -0.1),)),
         ("t7", -9999.0, (("best", -0.1),)),
     ]
+
+
+def test_the_engines_own_times_come_once_it_has_a_first_token() -> None:
+    from sluicegate.engine.vllm_engine import _MONOTONIC_TO_PERF, _engine_times
+
+    waiting = SimpleNamespace(queued_ts=10.0, scheduled_ts=0.0, first_token_ts=0.0)
+    assert _engine_times(waiting) is None
+    started = SimpleNamespace(queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.25)
+    times = _engine_times(started)
+    assert times is not None
+    assert (times.queued, times.scheduled, times.first_token) == (
+        10.0 + _MONOTONIC_TO_PERF,
+        10.5 + _MONOTONIC_TO_PERF,
+        11.25 + _MONOTONIC_TO_PERF,
+    )

@@ -130,3 +130,15 @@ def test_the_time_a_run_already_spent_counts_against_its_objective() -> None:
     with pytest.raises(OverloadedError):
         queue.enter(10, elapsed=0.5)  # 0.5 + 1.6 s
     queue.enter(10, elapsed=0.3)  # 0.3 + 1.6 s: admitted
+
+
+def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
+    # An upstream with no tokenizer: prompt sizes are 0; runs that all failed drained nothing.
+    clock = Clock()
+    queue = PrefillQueue(QueueConfig(objective=1.0, min_samples=1), clock)
+    for finish in ("started", "close"):
+        ticket = queue.enter(0)
+        clock.now += 1.0
+        getattr(ticket, finish)()
+    assert queue.rate() is None and queue.expected_wait(100) is None
+    queue.enter(100)  # admitted: nothing to go by
