@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput clean
+	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput bench-parity clean
 
 all: check test
 
@@ -136,6 +136,14 @@ bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed
 # Prefix affinity on two vLLM servers behind sluicegate: their prefix-cache hit rate, off and on.
 bench-affinity: install $(DEV_STAMP)
 	$(PY) bench/prefix_affinity.py
+
+# TTFT parity (issue 22's matrix): concurrency 1, 16 and 64, greedy and at temperature 0.8,
+# both servers up, the idle one frozen, A-B-B-A.
+bench-parity: install $(DEV_STAMP)
+	for t in 0 0.8; do \
+		$(PY) bench/compare_vllm.py --concurrency 1 16 64 --rounds 2 --prompts-per-slot 3 \
+			--min-prompts 16 --temperature $$t; \
+	done
 
 # Where TTFT goes on each server (vLLM's queue and prefill, sluicegate's timeline), A-B-B-A at
 # concurrency 16, temperature 0.8.

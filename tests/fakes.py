@@ -19,6 +19,7 @@ from sluicegate.engine.protocol import (
     ChatEncoding,
     ChatMessages,
     ChoiceDelta,
+    EngineLoad,
     EngineStep,
     EngineTimes,
     Prompt,
@@ -97,6 +98,8 @@ class FakeEngine:
     checked: list[StructuredOutput] = field(default_factory=list)
     tool_parser: ToolCallParser | None = None
     renders_chat: bool = False
+    engine_load: EngineLoad | None = None
+    """What `load()` reports (a test sets it); None: not known, as for an upstream."""
 
     async def generate(
         self,
@@ -156,6 +159,9 @@ class FakeEngine:
         text = structured.regex or structured.grammar or structured.json or ""
         if self.refused_constraint and self.refused_constraint in text:
             raise InvalidRequestError(f"the engine refuses {self.refused_constraint!r}")
+
+    def load(self) -> EngineLoad | None:
+        return self.engine_load
 
     async def check_health(self) -> None:
         if not self.healthy:

@@ -102,6 +102,7 @@ def create_app(
                 wiring.budget_policy(settings),
                 wiring.structured_limits(settings),
                 PrefillQueue(QueueConfig(objective=settings.ttft_objective)),
+                wiring.load_limits(settings, engine),
             )
             state = AppState(
                 engine=engine,

@@ -11,7 +11,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -40,6 +40,13 @@ ENV_PREFIX = "SLUICEGATE_"
 def _default_model_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sluicegate" / "models"
+
+
+KEY_PRIORITY_BOUND = 1000
+"""API key priorities are within ± this (`KEY_PRIORITIES`)."""
+
+
+KeyPriority = Annotated[int, Field(ge=-KEY_PRIORITY_BOUND, le=KEY_PRIORITY_BOUND)]
 
 
 class RateLimitOverride(BaseModel):
@@ -421,9 +428,32 @@ class Settings(BaseSettings):
         default=None,
         gt=0,
         description="Seconds to the first token that admitted requests keep: a request whose "
-        "expected wait for its first token (the prompt tokens ahead of it over the engine's "
-        "measured drain rate) is longer gets a 503 `overloaded` at once, with a Retry-After "
-        "of how long the queue takes to drain. Unset: every request is queued.",
+        "expected wait for its first token (the engine step in progress, then the prompt "
+        "tokens ahead of it over the engine's measured drain rate) is longer gets a 503 "
+        "`overloaded` at once, with a Retry-After of how long the queue takes to drain. "
+        "Unset: every request is queued.",
+    )
+    max_engine_waiting: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests in the engine's waiting queue (vLLM's `num_requests_waiting`) at "
+        "which new requests get a 503 `overloaded` at once. In-process engine only. Unset: "
+        "no bound.",
+    )
+    max_engine_running: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests in the engine's running batch at which new requests get a 503 "
+        "`overloaded` at once: below MAX_NUM_SEQS, it keeps each stream's inter-token latency "
+        "where that batch size puts it. In-process engine only. Unset: no bound.",
+    )
+    max_kv_cache_usage: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of the KV cache in use (vLLM's `kv_cache_usage_perc`, 0 to 1) at "
+        "which new requests get a 503 `overloaded` at once, before they would make the engine "
+        "preempt running ones. In-process engine only. Unset: no bound.",
     )
     max_in_flight_per_key: int | None = Field(
         default=None, ge=1, description="In-flight requests per API key before a 429. Unset: none."
@@ -583,8 +613,15 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of prefixes.")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         default="fcfs",
-        description="Engine queue order. `priority`: a request waits behind those of API keys "
-        "with fewer sequences in flight.",
+        description="Engine queue order. `priority`: by the API key's priority "
+        "(KEY_PRIORITIES), then the request's own `priority` plus the sequences its key has in "
+        "flight (lower first).",
+    )
+    key_priorities: dict[str, KeyPriority] = Field(
+        default_factory=dict,
+        description='JSON: {"<key id>": N}, N within ±1000. Under SCHEDULING_POLICY=priority, '
+        "the engine schedules every request of a key with a lower N before any of a key with "
+        "a higher one (default 0).",
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         default="auto", description="Weights and activations. `auto`: float32 on CPU."

@@ -39,6 +39,7 @@ from sluicegate.engine.upstream.engine import UpstreamEngine
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
 from sluicegate.http.state import Timeouts
 from sluicegate.inference.budget import BudgetPolicy
+from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.run import RequestLimits
 from sluicegate.inference.structured import StructuredLimits
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
@@ -66,6 +67,20 @@ def request_limits(settings: Settings) -> RequestLimits:
         max_sequences=settings.max_sequences_per_request,
         tools=ToolLimits(settings.max_tools, settings.max_tools_bytes),
     )
+
+
+def load_limits(settings: Settings, engine: EngineClient) -> LoadLimits:
+    limits = LoadLimits(
+        max_waiting=settings.max_engine_waiting,
+        max_running=settings.max_engine_running,
+        max_kv_cache_usage=settings.max_kv_cache_usage,
+    )
+    if limits.any and engine.load() is None:
+        logger.warning(
+            "MAX_ENGINE_WAITING, MAX_ENGINE_RUNNING and MAX_KV_CACHE_USAGE read the in-process "
+            "engine's scheduler; upstreams report none, so they bound nothing here"
+        )
+    return limits
 
 
 def structured_limits(settings: Settings) -> StructuredLimits:
@@ -138,7 +153,12 @@ def sequence_share(settings: Settings) -> SequenceShare:
         per_key = None
     elif per_key is None:
         per_key = max(1, settings.max_num_seqs // 2)
-    return SequenceShare(per_key=per_key, prioritize=settings.scheduling_policy == "priority")
+    return SequenceShare(
+        per_key=per_key,
+        prioritize=settings.scheduling_policy == "priority",
+        priorities=dict(settings.key_priorities),
+        keyed=settings.api_keys is not None,
+    )
 
 
 def timeouts(settings: Settings) -> Timeouts:

@@ -12,6 +12,7 @@ import redis
 import redis.asyncio
 
 from sluicegate import wiring
+from sluicegate.engine.protocol import EngineLoad
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.settings import Settings
@@ -94,6 +95,38 @@ def test_the_sequence_share_is_half_the_engine_with_keys_and_none_without() -> N
         settings(api_keys="sk-a", max_sequences_per_key=7, scheduling_policy="priority")
     )
     assert chosen.per_key == 7 and chosen.prioritize
+    assert chosen.keyed and not wiring.sequence_share(settings()).keyed
+
+
+def test_key_priorities_come_from_json_within_their_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_KEY_PRIORITIES", '{"key-0123456789ab": -3}')
+    share = wiring.sequence_share(settings(scheduling_policy="priority"))
+    assert share.priorities == {"key-0123456789ab": -3}
+    with pytest.raises(ValueError, match="1000"):
+        settings(key_priorities={"key-0123456789ab": 1001})
+
+
+def test_engine_state_bounds_warn_where_the_engine_reports_no_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class NoState:
+        def load(self) -> None:
+            return None
+
+    class Idle:
+        def load(self) -> EngineLoad:
+            return EngineLoad(0, 0, 0.0)
+
+    bounded = settings(max_engine_waiting=8, max_kv_cache_usage=0.9)
+    with caplog.at_level(logging.WARNING, logger="sluicegate.wiring"):
+        limits = wiring.load_limits(bounded, Idle())  # type: ignore[arg-type]
+        assert not caplog.records
+        wiring.load_limits(bounded, NoState())  # type: ignore[arg-type]
+        wiring.load_limits(settings(), NoState())  # type: ignore[arg-type]
+    assert (limits.max_waiting, limits.max_running, limits.max_kv_cache_usage) == (8, None, 0.9)
+    assert len(caplog.records) == 1 and "upstreams report none" in caplog.messages[0]
 
 
 async def test_rate_limits_take_their_own_redis_when_given_one(

@@ -117,9 +117,10 @@ class Exchange:
             sequences=run.expected_choices,
             max_tokens=run.options.max_tokens,
             param=run.sequences_param,
+            priority=run.priority,
         )
         self.headers.update(self.reservation.headers)
-        if self.reservation.priority:
+        if self.reservation.priority != run.priority:
             self.run = dataclasses.replace(run, priority=self.reservation.priority)
         if run.budget is not None:
             self.headers.update(run.budget.headers())

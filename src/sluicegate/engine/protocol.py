@@ -91,6 +91,21 @@ class EngineTimes:
     first_token: float
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """The engine's scheduler after its latest step (vLLM's `SchedulerStats`)."""
+
+    waiting: int
+    """Requests in the engine's waiting queue (not yet scheduled, or preempted)."""
+    running: int
+    """Requests in the running batch."""
+    kv_cache_usage: float
+    """Share of the KV cache's blocks in use, 0 to 1."""
+    step_seconds: float = 0.0
+    """How long one engine step has lately taken while the engine had work (0: not known
+    yet); a request handed to a busy engine waits for the step it is in."""
+
+
 @dataclass(slots=True)
 class EngineStep:
     """One engine output for a request: the deltas of the choices that moved."""
@@ -314,6 +329,11 @@ class EngineClient(Protocol):
     async def check_structured(self, structured: StructuredOutput) -> None:
         """Raise `errors.InvalidRequestError` (its message only) if the engine would refuse
         the constraint. May take milliseconds: the caller runs it once per new constraint."""
+        ...
+
+    def load(self) -> EngineLoad | None:
+        """The engine's scheduler state now, or None where it is not known (an upstream).
+        An engine with no request in flight reports nothing waiting or running."""
         ...
 
     async def check_health(self) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluicegate.engine.protocol import (
     ChoiceDelta,
+    EngineLoad,
     EngineStep,
     EngineTimes,
     FinishReason,
@@ -33,6 +34,8 @@ from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from sluicegate.engine.vllm_load import LoadMeter
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +129,13 @@ class VLLMEngine:
         tokenizer: HFPromptTokenizer,
         max_model_len: int,
         tool_parser: ToolCallParser | None = None,
+        meter: LoadMeter | None = None,
     ):
         self._llm = llm
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
         self._tool_parser = tool_parser
+        self._meter = meter
 
     @classmethod
     async def start(cls, config: EngineConfig) -> VLLMEngine:
@@ -143,6 +148,8 @@ class VLLMEngine:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from sluicegate.engine.vllm_load import LoadMeter
+
         on_gpu = cuda_available()
         arguments = engine_arguments(config, on_gpu)
         arguments["structured_outputs_config"] = StructuredOutputsConfig(
@@ -150,9 +157,12 @@ class VLLMEngine:
         )
         engine_args = AsyncEngineArgs(**arguments)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        meter = LoadMeter()
         llm = AsyncLLM.from_vllm_config(
             vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
+            # Beside vLLM's own loggers (its Prometheus metrics stay as they are).
+            stat_loggers=[meter.logger],
             enable_log_requests=False,
             disable_log_stats=False,
         )
@@ -165,7 +175,7 @@ class VLLMEngine:
         except BaseException:
             llm.shutdown()
             raise
-        return cls(llm, tokenizer, vllm_config.model_config.max_model_len, parser)
+        return cls(llm, tokenizer, vllm_config.model_config.max_model_len, parser, meter)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:
@@ -268,6 +278,20 @@ class VLLMEngine:
             # error at position 3: ..."); a NUL in a regex is a ValueError.
             raise InvalidRequestError(_first_line(str(exc))) from exc
 
+    def load(self) -> EngineLoad | None:
+        if self._meter is None:
+            return None
+        load = self._meter.load()
+        # The last step's stats outlive it, and requests handed to the engine since then are
+        # in none; the frontend's count of unfinished requests is exact at once. With none
+        # left, nothing waits or runs (a stale count could otherwise refuse every request of
+        # an idle engine forever); those not in the last step's batch are waiting.
+        unfinished = self._llm.get_num_unfinished_requests()
+        if unfinished == 0:
+            return EngineLoad(0, 0, 0.0, load.step_seconds)
+        waiting = max(load.waiting, unfinished - load.running)
+        return dataclasses.replace(load, waiting=waiting)
+
     async def check_health(self) -> None:
         if self._llm.errored:
             raise EngineUnavailableError()
@@ -295,6 +319,9 @@ def _sampling_params(options: SamplingOptions) -> Any:
     return SamplingParams(
         **fields,
         output_kind=RequestOutputKind.DELTA,
+        # Made afresh for each request, so vLLM's input processor need not deep-copy it on
+        # the event loop (as vLLM's server tells it too).
+        skip_clone=True,
     )
 
 

@@ -6,10 +6,12 @@ first token (or when it ends without one). The engine's drain rate is measured f
 departures: prompt tokens that reached their first token per second of time with runs
 waiting, over the last `window` seconds of such time. A new run's expected time to first
 token is then the time it has already spent (since its arrival: template, tokenizing, the
-cache), plus the prompt tokens ahead of it, its own included, over that rate, plus what the
-queue alone does not explain: the step the engine is in when the run reaches it, the first
-token's way back. That last part is learnt from the departures, as the mean (exponentially
-weighted) of how much later than predicted each run's first token came.
+cache), plus the step the engine is in when the run reaches it (a busy engine reads new
+requests between steps; the engine's measured step time, `EngineLoad.step_seconds`), plus
+the prompt tokens ahead of it, its own included, over that rate, plus what these do not
+explain (the first token's way back, how a wave of prompts splits over steps). That last
+part is learnt from the departures, as the mean (exponentially weighted) of how much later
+than predicted each run's first token came.
 
 With a TTFT `objective`, a run whose expected wait is past it is refused at once (503
 `overloaded`), with a `Retry-After` of how long the queue takes to drain to where a new run
@@ -95,20 +97,26 @@ class PrefillQueue:
             return None
         return self._drained / self._busy
 
-    def expected_wait(self, tokens: int) -> float | None:
-        """Seconds until a new run of `tokens` prompt tokens would have its first token."""
+    def expected_wait(self, tokens: int, in_step: float = 0.0) -> float | None:
+        """Seconds until a new run of `tokens` prompt tokens would have its first token,
+        handed to an engine `in_step` seconds from the end of the step it is in."""
         drained = self._drained_in(tokens)
-        return None if drained is None else drained + self.lateness
+        return None if drained is None else in_step + drained + self.lateness
+
+    def drain_seconds(self) -> float | None:
+        """Seconds until the runs waiting now have their first tokens (None: not known)."""
+        return self._drained_in(0)
 
     def _drained_in(self, tokens: int) -> float | None:
         rate = self.rate()
         return None if rate is None else (self.tokens + tokens) / rate
 
-    def enter(self, tokens: int, elapsed: float = 0.0) -> QueueTicket:
+    def enter(self, tokens: int, elapsed: float = 0.0, in_step: float = 0.0) -> QueueTicket:
         """Join the queue, or raise `OverloadedError` when the run, `elapsed` seconds after
-        its arrival, would miss the objective."""
+        its arrival and `in_step` seconds from the end of the engine's current step, would
+        miss the objective."""
         objective = self._config.objective
-        wait = self.expected_wait(tokens)
+        wait = self.expected_wait(tokens, in_step)
         if objective is not None and wait is not None:
             expected = elapsed + wait
             if expected > objective:
@@ -121,7 +129,8 @@ class PrefillQueue:
                     headers={"retry-after": str(retry)},
                 )
         now = self._clock()
-        predicted = self._drained_in(tokens)
+        drained = self._drained_in(tokens)
+        predicted = None if drained is None else in_step + drained
         if self.waiting == 0:
             self._busy_since = now
         self.waiting += 1

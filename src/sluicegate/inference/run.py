@@ -41,7 +41,8 @@ class Run:
     include_usage: bool = False
     budget: BudgetReport | None = None
     priority: int = 0
-    """The engine priority (vLLM runs lower values first; 0 unless scheduling is fair)."""
+    """The priority the request asked for until admission (`quota.share`) makes it the
+    engine's (vLLM runs lower values first)."""
     echo: Echo | None = None
     counted: dict[int, int] = field(default_factory=dict)
     """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does

@@ -25,7 +25,8 @@ from sluicegate.engine.protocol import (
     TokenLogprob,
 )
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError
-from sluicegate.inference.budget import BudgetPolicy, FittedPrompts, TokenBudget
+from sluicegate.inference.budget import BudgetPolicy, BudgetReport, FittedPrompts, TokenBudget
+from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
@@ -74,9 +75,11 @@ class CompletionService:
         budget: BudgetPolicy | None = None,
         structured: StructuredLimits | None = None,
         queue: PrefillQueue | None = None,
+        load_limits: LoadLimits | None = None,
     ):
         self._engine = engine
         self._queue = queue or PrefillQueue(QueueConfig())
+        self._load_limits = load_limits or LoadLimits()
         self._model_name = model_name
         self._limits = limits or RequestLimits()
         self._structured = structured or StructuredLimits()
@@ -125,10 +128,7 @@ class CompletionService:
         fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted, structured)
         prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
-        mark_prepared()
-        return Run(
-            fmt.id, prompts, options, fmt, arrival_time, request.include_usage, fitted.report
-        )
+        return _prepared(request, fmt, prompts, options, arrival_time, fitted.report)
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         arrival_time = time.time()
@@ -152,8 +152,7 @@ class CompletionService:
             fitted = self._unfitted(request, [p if isinstance(p, list) else [] for p in batch])
             prompts = [Prompt(p) if isinstance(p, list) else Prompt([], text=p) for p in batch]
             options = self._options(request, fitted, structured)
-            mark_prepared()
-            return Run(fmt.id, prompts, options, fmt, arrival_time, request.include_usage)
+            return _prepared(request, fmt, prompts, options, arrival_time, None)
         as_text = isinstance(batch[0], str)
         encoded = [await self._encode_prompt(p, request.truncation) for p in batch]
         fitted = await self._budget.fit_prompts(
@@ -172,17 +171,7 @@ class CompletionService:
         if request.echo:
             echo = await self._echo(whole, fitted.prompts, request.scores_only)
         prompts = [Prompt(ids, text=text) for ids, text in zip(fitted.prompts, whole, strict=True)]
-        mark_prepared()
-        return Run(
-            fmt.id,
-            prompts,
-            options,
-            fmt,
-            arrival_time,
-            request.include_usage,
-            fitted.report,
-            echo=echo,
-        )
+        return _prepared(request, fmt, prompts, options, arrival_time, fitted.report, echo)
 
     async def _echo(
         self, whole: list[str | None], fitted: list[list[int]], scores_only: bool
@@ -411,8 +400,12 @@ class CompletionService:
         fmt = run.format.chat if isinstance(run.format, ResponsesFormat) else run.format
         operation = "text_completion" if isinstance(fmt, CompletionFormat) else "chat"
         tools = fmt.tools if isinstance(fmt, ChatFormat) else None
-        # Refused here, before any engine work, when the first token would come too late.
-        ticket = self._queue.enter(run.prompt_tokens, time.time() - run.arrival_time)
+        # Refused here, before any engine work, when the engine holds as much as it may, or
+        # when the first token would come too late.
+        load = self._engine.load()
+        self._load_limits.check(load, self._queue.drain_seconds())
+        in_step = load.step_seconds if load is not None and (load.running or load.waiting) else 0.0
+        ticket = self._queue.enter(run.prompt_tokens, time.time() - run.arrival_time, in_step)
         try:
             with GenerationTelemetry(
                 operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
@@ -546,6 +539,30 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncGenerator[tuple[int, En
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _prepared(
+    request: SamplingRequest,
+    fmt: ChatFormat | CompletionFormat,
+    prompts: list[Prompt],
+    options: SamplingOptions,
+    arrival_time: float,
+    budget: BudgetReport | None,
+    echo: Echo | None = None,
+) -> Run:
+    """The run of a request whose prompts are ready: the timeline's `prepared` mark is now."""
+    mark_prepared()
+    return Run(
+        fmt.id,
+        prompts,
+        options,
+        fmt,
+        arrival_time,
+        request.include_usage,
+        budget,
+        priority=request.priority,
+        echo=echo,
+    )
 
 
 def _count_prompt(run: Run, prompt_index: int, step: EngineStep) -> None:

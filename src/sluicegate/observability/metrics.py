@@ -355,7 +355,15 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
     CACHE_STORE_ERRORS.labels(_op)
 for _outcome in ("hit", "miss", "off"):
     CACHE_NEAR_REQUESTS.labels(_outcome)
-for _reason in ("overloaded", "shutting_down", "concurrency_limit_exceeded", "ttft_objective"):
+for _reason in (
+    "overloaded",
+    "shutting_down",
+    "concurrency_limit_exceeded",
+    "ttft_objective",
+    "engine_waiting",
+    "engine_running",
+    "kv_cache",
+):
     ADMISSION_REFUSED.labels(_reason)
 for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):
     STRUCTURED_OUTPUT_REQUESTS.labels(_kind)

@@ -31,7 +31,7 @@ class Reservation:
     sequences: int
     headers: dict[str, str]
     priority: int = 0
-    """The engine priority (0 unless the share prioritizes)."""
+    """The engine priority (0 unless the share prioritizes; see `quota.share`)."""
     local: bool = False
     released: bool = False
 
@@ -53,6 +53,7 @@ class Quotas:
         sequences: int,
         max_tokens: int,
         param: str = "n",
+        priority: int = 0,
     ) -> Reservation:
         """Admit a request: take its sequences, count it and its possible tokens.
 
@@ -61,7 +62,7 @@ class Quotas:
         limit = self.limit_for(key_id)
         completion_tokens = sequences * max_tokens
         _check_fits(limit, prompt_tokens, completion_tokens)
-        priority = self.share.take(key_id, sequences, param)
+        priority = self.share.take(key_id, sequences, param, priority)
         try:
             decision = await self.limiter.acquire(key_id, limit, prompt_tokens + completion_tokens)
         except BaseException:

@@ -3,9 +3,21 @@
 vLLM runs at most MAX_NUM_SEQS sequences at once and queues the rest. Without a bound, one
 key's large requests (many prompts, large `n`) fill every slot and everyone else waits
 behind them. `per_key` bounds each key's sequences in flight (429
-`concurrency_limit_exceeded`); with `prioritize` (vLLM's priority scheduling) a request is
-also queued behind those of keys with fewer sequences in flight: its engine priority is the
-number its key already has running (vLLM runs lower values first).
+`concurrency_limit_exceeded`).
+
+With `prioritize` (vLLM's priority scheduling, which runs lower values first) this is also
+where a request's engine priority is made, in three ranks:
+
+1. its key's priority (`priorities`, KEY_PRIORITIES): every request of a key with a lower one
+   is scheduled before any of a key with a higher one;
+2. within a rank, the priority the request asks for (vLLM's `priority` field) plus the
+   sequences its key already has in flight, so a busy key's requests queue behind those of
+   quieter keys. With API keys a request may only ask to go later (`priority` >= 0), never
+   ahead of its key's rank; without them (one tenant, as behind `vllm serve`) any value goes;
+3. ties go by arrival (vLLM's own order).
+
+Without `prioritize` the engine runs first come, first served, and a request asking for a
+priority other than 0 gets a 400 naming it, as from vLLM's server.
 """
 
 from __future__ import annotations
@@ -16,6 +28,9 @@ from sluicegate.errors import ConcurrencyLimitError, InvalidRequestError
 from sluicegate.observability.metrics import RATE_LIMITED
 
 RETRY_AFTER_S = "1"
+RANK_SPAN = 1 << 40
+"""Engine priorities of one key rank lie within this of each other (a request's own
+`priority` is at most int32, its sequences in flight far fewer)."""
 
 
 @dataclass
@@ -23,13 +38,20 @@ class SequenceShare:
     per_key: int | None = None
     """Sequences one key may have in flight; None: no bound (no API keys configured)."""
     prioritize: bool = False
+    priorities: dict[str, int] = field(default_factory=dict)
+    """Each API key's rank (KEY_PRIORITIES), by key id; 0 for the others."""
+    keyed: bool = False
+    """Whether requests come with API keys (then one may not ask to go ahead of its key)."""
     _in_flight: dict[str, int] = field(default_factory=dict)
 
-    def take(self, key_id: str, sequences: int, param: str) -> int:
-        """Count a request's sequences in flight; return its engine priority.
+    def take(self, key_id: str, sequences: int, param: str, requested: int = 0) -> int:
+        """Count a request's sequences in flight; return its engine priority, given the
+        `priority` it asked for.
 
         Raises `ConcurrencyLimitError` while the key holds its share, and
-        `InvalidRequestError` (naming `param`) for a request larger than the share."""
+        `InvalidRequestError` (naming `param`) for a request larger than the share, or
+        (naming `priority`) for a priority it may not ask for."""
+        self._check_requested(requested)
         if sequences <= 0:
             return 0
         held = self._in_flight.get(key_id, 0)
@@ -48,7 +70,23 @@ class SequenceShare:
                     headers={"retry-after": RETRY_AFTER_S},
                 )
         self._in_flight[key_id] = held + sequences
-        return held if self.prioritize else 0
+        if not self.prioritize:
+            return 0
+        return self.priorities.get(key_id, 0) * RANK_SPAN + requested + held
+
+    def _check_requested(self, requested: int) -> None:
+        if requested and not self.prioritize:
+            raise InvalidRequestError(
+                "priority is only used with priority scheduling, and this server schedules "
+                "first come, first served: leave it out or at 0.",
+                param="priority",
+            )
+        if requested < 0 and self.keyed:
+            raise InvalidRequestError(
+                "priority must be at least 0: a request may ask to be scheduled later than its "
+                "API key's others, never ahead of them.",
+                param="priority",
+            )
 
     def hold(self, key_id: str, sequences: int) -> None:
         """Count sequences in flight without checking the share."""

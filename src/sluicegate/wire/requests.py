@@ -37,7 +37,7 @@ from sluicegate.wire.tools import (
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MAX = 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_N = 128
 """The largest `n` any setting can allow (`SLUICEGATE_MAX_N` picks a smaller one)."""
 MAX_TOP_LOGPROBS = 20
@@ -389,6 +389,8 @@ class SamplingRequest(_Model):
     # vLLM extensions, kept because vLLM's benchmark and clients send them.
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)
+    # vLLM's priority scheduling: lower runs first (see quota/share.py for what a key may ask).
+    priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     logit_bias: dict[str, float] | None = None
     # sluicegate extension: fit a prompt that leaves too little room (see inference/budget.py).
     # Unset: the server's default (SLUICEGATE_TRUNCATION, SLUICEGATE_COMPLETION_TRUNCATION).

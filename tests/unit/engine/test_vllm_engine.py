@@ -53,6 +53,8 @@ async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> 
     # it, as they do behind vLLM's server, which stamps it before rendering the prompt.
     assert prompt["arrival_time"] == 123.5
     assert (params.max_tokens, params.temperature) == (1, 0.0)
+    # Fresh for this request: vLLM's input processor takes it as it is, without a deep copy.
+    assert params.skip_clone
 
 
 async def test_the_priority_goes_to_vllm() -> None:

@@ -1,8 +1,10 @@
 """Engine slots: the sequences one request may start, one key's share of those in flight,
-and the engine priority that keeps scheduling fair between keys (fake engine, real HTTP)."""
+and the engine priority: keys' ranks, fairness between keys, a request's own `priority`
+(fake engine, real HTTP)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -10,6 +12,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from sluicegate.keys import key_id
+from sluicegate.quota.share import RANK_SPAN
 from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 KEY_A, KEY_B = "sk-share-a", "sk-share-b"
@@ -177,3 +181,54 @@ def test_requests_that_follow_an_identical_run_hold_none_of_the_share(
         assert [f.join().status_code for f in followers] == [200] * 4
         assert leader.join().status_code == 200
     assert len(slow_engine.requests) == 1
+
+
+# ---- key ranks and the request's own priority --------------------------------------------
+
+
+def key_id_of(key: str) -> str:
+    return key_id(hashlib.sha256(key.encode()).digest())
+
+
+def test_a_keys_rank_comes_before_fairness_and_a_request_may_ask_to_go_later() -> None:
+    engine = FakeEngine()
+    app = fake_app(
+        engine,
+        api_keys=KEYS,
+        scheduling_policy="priority",
+        key_priorities={key_id_of(KEY_B): -1},
+    )
+    with TestClient(app) as client:
+        for key, asked in ((KEY_A, 0), (KEY_B, 0), (KEY_A, 5), (KEY_B, 2)):
+            body = {**completion(1, 1), "priority": asked}
+            assert client.post("/v1/completions", json=body, headers=auth(key)).status_code == 200
+        ahead = client.post(
+            "/v1/completions", json={**completion(1, 1), "priority": -1}, headers=auth(KEY_A)
+        )
+    assert ahead.status_code == 400
+    assert ahead.json()["error"]["param"] == "priority"
+    assert "never ahead" in ahead.json()["error"]["message"]
+    # Key B's rank (-1) puts each of its requests before any of key A's (rank 0).
+    assert engine.priorities == [0, -RANK_SPAN, 5, -RANK_SPAN + 2]
+
+
+def test_without_api_keys_any_priority_goes_to_the_engine_as_asked() -> None:
+    engine = FakeEngine()
+    with TestClient(fake_app(engine, scheduling_policy="priority")) as client:
+        chat = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        for asked in (-7, 3):
+            response = client.post("/v1/chat/completions", json={**chat, "priority": asked})
+            assert response.status_code == 200
+    assert engine.priorities == [-7, 3]
+
+
+def test_first_come_first_served_refuses_a_priority_as_vllms_server_does() -> None:
+    engine = FakeEngine()
+    with TestClient(fake_app(engine)) as client:
+        zero = client.post("/v1/completions", json={**completion(1, 1), "priority": 0})
+        assert zero.status_code == 200
+        refused = client.post("/v1/completions", json={**completion(1, 1), "priority": 3})
+        too_big = client.post("/v1/completions", json={**completion(1, 1), "priority": 2**31})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "priority"
+    assert len(engine.requests) == 1

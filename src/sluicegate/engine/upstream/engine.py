@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from sluicegate.engine.protocol import (
+    EngineLoad,
     EngineStep,
     Prompt,
     PromptTokenizer,
@@ -213,6 +214,10 @@ class UpstreamEngine:
 
     async def check_structured(self, structured: StructuredOutput) -> None:
         """The upstream checks its constraints itself; its refusal is a 400 from it."""
+
+    def load(self) -> EngineLoad | None:
+        """Not known: an upstream's scheduler is its own (and may serve others too)."""
+        return None
 
     async def check_health(self) -> None:
         if not any(u.healthy for u in self._upstreams):

@@ -1,0 +1,84 @@
+"""MAX_ENGINE_WAITING on the real engine (a gateway of its own, a batch of 4): a burst
+larger than the batch and the waiting room allow is refused at once past them, with
+Retry-After, before any engine work, and counted by reason; the requests admitted are
+served whole. The bound holds within a step: requests handed to the engine since its last
+step count as waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+
+BATCH = 4
+WAITING = 4
+BURST = 24
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("engine-admission"),
+        env={
+            "SLUICEGATE_MAX_NUM_SEQS": str(BATCH),
+            "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING),
+        },
+    )
+    yield gateway
+    gateway.stop()
+
+
+def body(i: int) -> dict[str, object]:
+    return {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": f"Count to ten, run {i}."}],
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "temperature": 0.8,
+        "stream": True,
+    }
+
+
+async def ask(client: httpx.AsyncClient, i: int) -> tuple[int, float, str | None, str, int]:
+    """Status, seconds to the answer's head, Retry-After, error code, content chunks."""
+    started = time.perf_counter()
+    async with client.stream("POST", "/v1/chat/completions", json=body(i)) as response:
+        took = time.perf_counter() - started
+        if response.status_code != 200:
+            await response.aread()
+            code = response.json()["error"]["code"]
+            return response.status_code, took, response.headers.get("retry-after"), code, 0
+        chunks = 0
+        done = False
+        async for line in response.aiter_lines():
+            chunks += line.startswith("data: {") and '"content":"' in line
+            done = done or line == "data: [DONE]"
+        assert done
+        return 200, took, None, "", chunks
+
+
+async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
+    bounded: GatewayProcess,
+) -> None:
+    before = metric_value(bounded.url, "sluicegate_admission_refused_total",
+                          reason="engine_waiting")  # fmt: skip
+    async with httpx.AsyncClient(base_url=bounded.url, timeout=120) as client:
+        assert (await ask(client, -1))[0] == 200  # the engine idle: nothing waits
+        results = await asyncio.gather(*(ask(client, i) for i in range(BURST)))
+        assert (await ask(client, -2))[0] == 200  # the burst gone: admitted again
+    admitted = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] != 200]
+    # At most a full batch running and a full waiting room; the rest refused, at once.
+    assert BATCH <= len(admitted) <= BATCH + WAITING, len(admitted)
+    assert all(chunks >= 20 for *_, chunks in admitted)  # whole (24 tokens, ignore_eos)
+    assert {(status, code) for status, _, _, code, _ in refused} == {(503, "overloaded")}
+    assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry, _, _ in refused)
+    assert max(took for _, took, *_ in refused) < 1.0
+    counted = metric_value(bounded.url, "sluicegate_admission_refused_total",
+                           reason="engine_waiting") - before  # fmt: skip
+    assert counted == len(refused)
