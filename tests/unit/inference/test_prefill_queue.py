@@ -142,3 +142,25 @@ def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
         getattr(ticket, finish)()
     assert queue.rate() is None and queue.expected_wait(100) is None
     queue.enter(100)  # admitted: nothing to go by
+
+
+def test_the_lateness_rises_fast_and_falls_slowly_so_it_follows_the_late_tail() -> None:
+    clock = Clock()
+    config = QueueConfig(objective=None, min_samples=1, learning=0.5, easing=0.125)
+    queue = PrefillQueue(config, clock)
+    first = queue.enter(100)
+    clock.now += 1.0
+    first.started()  # 100 tokens a second: 1 s foretold for the next one alone
+    late = queue.enter(100)
+    clock.now += 1.8
+    late.started()  # 0.8 s late
+    assert queue.lateness == pytest.approx(0.4)
+    rate = queue.rate()
+    assert rate is not None
+    on_time = queue.enter(100)
+    clock.now += 100 / rate + 0.4  # exactly as foretold, lateness included
+    on_time.started()
+    early = queue.enter(100)
+    clock.now += 0.1
+    early.started()  # sooner than foretold: 0 late, the lateness eases by an eighth
+    assert queue.lateness == pytest.approx(0.4 * (1 - 0.125))
