@@ -1,8 +1,13 @@
-"""MAX_ENGINE_WAITING on the real engine (a gateway of its own, a batch of 4): a burst
+"""Admission by the engine's state on the real engine.
+
+MAX_ENGINE_WAITING (a gateway of its own, a batch of 4): a burst
 larger than the batch and the waiting room allow is refused at once past them, with
 Retry-After, before any engine work, and counted by reason; the requests admitted are
 served whole. The bound holds within a step: requests handed to the engine since its last
-step count as waiting."""
+step count as waiting.
+
+MAX_KV_CACHE_USAGE (another gateway): refused while a request holds KV blocks, admitted when
+the engine is idle; only vLLM's scheduler stats, read after each step, say so."""
 
 from __future__ import annotations
 
@@ -82,3 +87,46 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     counted = metric_value(bounded.url, "sluicegate_admission_refused_total",
                            reason="engine_waiting") - before  # fmt: skip
     assert counted == len(refused)
+
+
+KV_BOUND = 0.0005
+"""Below one running request's share of the test engine's 2 GiB KV cache (a prompt of some
+50 tokens holds 4 of about 2,900 blocks, 0.0014): any request running crosses it."""
+
+
+@pytest.fixture(scope="module")
+def kv_bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("kv-admission"),
+        env={"SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)},
+    )
+    yield gateway
+    gateway.stop()
+
+
+async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
+    kv_bounded: GatewayProcess,
+) -> None:
+    """Only vLLM's scheduler stats (through the gateway's stat logger) know the KV cache's
+    use: a request is refused while another runs, and admitted when the engine is idle."""
+    before = metric_value(kv_bounded.url, "sluicegate_admission_refused_total",
+                          reason="kv_cache")  # fmt: skip
+    long = {**body(0), "max_tokens": 60}
+    async with httpx.AsyncClient(base_url=kv_bounded.url, timeout=120) as client:
+        assert (await ask(client, 1))[0] == 200  # idle: nothing in use
+        async with client.stream("POST", "/v1/chat/completions", json=long) as running:
+            assert running.status_code == 200
+            lines = running.aiter_lines()
+            seen = 0
+            async for line in lines:  # a few steps with it running: their stats are in
+                seen += '"content":"' in line
+                if seen >= 5:
+                    break
+            status, took, retry, code, _ = await ask(client, 2)
+            assert (status, code) == (503, "overloaded")
+            assert retry is not None and 1 <= int(retry) <= 60 and took < 1.0
+            assert "data: [DONE]" in [line async for line in lines]  # it ran whole
+        assert (await ask(client, 3))[0] == 200  # the long one finished: admitted again
+    counted = metric_value(kv_bounded.url, "sluicegate_admission_refused_total",
+                           reason="kv_cache") - before  # fmt: skip
+    assert counted == 1
