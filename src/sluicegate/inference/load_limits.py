@@ -19,14 +19,12 @@ not known (an upstream) nothing is refused here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from sluicegate.engine.protocol import EngineLoad
 from sluicegate.errors import OverloadedError
+from sluicegate.inference.prefill_queue import retry_after
 from sluicegate.observability import metrics
-
-MAX_RETRY_AFTER_S = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +75,7 @@ class LoadLimits:
 
 def _refuse(reason: str, why: str, drain_seconds: float | None) -> None:
     metrics.ADMISSION_REFUSED.labels(reason).inc()
-    retry = 1 if drain_seconds is None else math.ceil(drain_seconds)
-    retry = min(MAX_RETRY_AFTER_S, max(1, retry))
+    retry = retry_after(drain_seconds)
     raise OverloadedError(
         f"The server is overloaded: {why} Retry in {retry} s.",
         headers={"retry-after": str(retry)},

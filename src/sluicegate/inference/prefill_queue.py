@@ -37,6 +37,11 @@ from sluicegate.observability import metrics
 MAX_RETRY_AFTER_S = 60
 
 
+def retry_after(seconds: float | None) -> int:
+    """Whole seconds for a `Retry-After`, 1 to `MAX_RETRY_AFTER_S` (1 when not known)."""
+    return 1 if seconds is None else min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds)))
+
+
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
     objective: float | None = None
@@ -126,7 +131,7 @@ class PrefillQueue:
             expected = elapsed + wait
             if expected > objective:
                 metrics.ADMISSION_REFUSED.labels("ttft_objective").inc()
-                retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected - objective)))
+                retry = retry_after(expected - objective)
                 raise OverloadedError(
                     f"The server cannot start this request within its {objective:g} s "
                     f"objective for the first token (expected {expected:.1f} s). Retry "
