@@ -19,7 +19,18 @@ With a TTFT `objective`, a run whose expected wait is past it is refused at once
 `overloaded`), with a `Retry-After` of how long the queue takes to drain to where a new run
 would meet it; so the runs admitted keep their objective instead of every run getting slow.
 Until `min_samples` departures have been measured nothing is refused: a cold engine has no
-rate to go by. The estimate covers this gateway's own runs, which are all of the engine's
+rate to go by.
+
+The estimate cannot latch shut. It learns only from runs it admitted, so a refusal teaches it
+nothing; one first token far later than foretold could otherwise push it past the objective
+for good (86,400 refusals in a simulated day). Three things undo that: the learnt lateness
+halves every `lateness_half_life` seconds that pass, and is never more than `lateness_cap` of
+the objective; with nothing waiting, a run is admitted whatever the estimate says at least
+every `trickle` seconds, so there are always fresh departures to learn from; and runs whose
+first token waits on something the forecast does not model (a grammar compiled for
+structured outputs, 1.5 to 2 s on a new schema) teach it nothing (`learns=False`).
+
+The estimate covers this gateway's own runs, which are all of the engine's
 work in-process; an engine shared with others (an upstream) may be busier than it shows.
 """
 
@@ -52,21 +63,35 @@ class QueueConfig:
     """Weight of a departure later than the lateness learnt so far."""
     easing: float = 0.05
     """Weight of a departure that came sooner than that."""
+    lateness_half_life: float = 30.0
+    """Seconds in which the learnt lateness halves, whatever departs."""
+    lateness_cap: float = 0.5
+    """The learnt lateness is at most this fraction of the objective."""
+    trickle: float = 1.0
+    """With nothing waiting, a run is admitted at least this often (seconds), even when the
+    estimate is past the objective."""
 
 
 class QueueTicket:
     """A run's place in the queue, until its first token (`started`) or its end (`close`)."""
 
-    __slots__ = ("_open", "_queue", "entered", "predicted", "tokens")
+    __slots__ = ("_open", "_queue", "entered", "learns", "predicted", "tokens")
 
     def __init__(
-        self, queue: PrefillQueue, tokens: int, entered: float, predicted: float | None
+        self,
+        queue: PrefillQueue,
+        tokens: int,
+        entered: float,
+        predicted: float | None,
+        learns: bool = True,
     ) -> None:
         self._queue = queue
         self.tokens = tokens
         self.entered = entered
         self.predicted = predicted
         """Seconds from entering to the first token that the queue and rate foretold."""
+        self.learns = learns
+        """Whether its first token teaches the rate and lateness (see the module docstring)."""
         self._open = True
 
     def started(self) -> None:
@@ -94,9 +119,20 @@ class PrefillQueue:
         """(seconds with runs waiting, tokens drained) since the last departure, per departure."""
         self._busy = 0.0
         self._drained = 0
-        self.lateness = 0.0
+        self._lateness = 0.0
+        self._lateness_at = clock()
+        self._last_admitted: float | None = None
+
+    @property
+    def lateness(self) -> float:
         """Seconds by which first tokens come later than the step in progress and the queue
-        over the rate foretell (their late tail)."""
+        over the rate foretell (their late tail), aged and capped."""
+        config = self._config
+        age = max(0.0, self._clock() - self._lateness_at)
+        lateness = self._lateness * math.pow(0.5, age / config.lateness_half_life)
+        if config.objective is not None:
+            lateness = min(lateness, config.lateness_cap * config.objective)
+        return lateness
 
     def rate(self) -> float | None:
         """Prompt tokens that reach their first token per second while runs wait, or None
@@ -121,13 +157,15 @@ class PrefillQueue:
         rate = self.rate()
         return None if rate is None else (self.tokens + tokens) / rate
 
-    def enter(self, tokens: int, elapsed: float = 0.0, in_step: float = 0.0) -> QueueTicket:
+    def enter(
+        self, tokens: int, elapsed: float = 0.0, in_step: float = 0.0, learns: bool = True
+    ) -> QueueTicket:
         """Join the queue, or raise `OverloadedError` when the run, `elapsed` seconds after
         its arrival and `in_step` seconds from the end of the engine's current step, would
-        miss the objective."""
+        miss the objective (unless it is the idle queue's trickle)."""
         objective = self._config.objective
         wait = self.expected_wait(tokens, in_step)
-        if objective is not None and wait is not None:
+        if objective is not None and wait is not None and not self._trickles():
             expected = elapsed + wait
             if expected > objective:
                 metrics.ADMISSION_REFUSED.labels("ttft_objective").inc()
@@ -145,8 +183,15 @@ class PrefillQueue:
             self._busy_since = now
         self.waiting += 1
         self.tokens += tokens
+        self._last_admitted = now
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
-        return QueueTicket(self, tokens, now, predicted)
+        return QueueTicket(self, tokens, now, predicted, learns)
+
+    def _trickles(self) -> bool:
+        """Whether nothing waits and no run was admitted for `trickle` seconds: then one is,
+        whatever the estimate, so the estimate meets the engine as it is now."""
+        last = self._last_admitted
+        return self.waiting == 0 and (last is None or self._clock() - last >= self._config.trickle)
 
     def _leave(self, ticket: QueueTicket, drained: bool) -> None:
         now = self._clock()
@@ -157,12 +202,16 @@ class PrefillQueue:
         if self._busy_since is not None:
             busy = now - self._busy_since
             self._busy_since = now if self.waiting else None
+        if not ticket.learns:
+            return
         if drained:
             if ticket.predicted is not None:
                 late = max(0.0, now - ticket.entered - ticket.predicted)
                 config = self._config
-                weight = config.learning if late > self.lateness else config.easing
-                self.lateness += weight * (late - self.lateness)
+                lateness = self.lateness
+                weight = config.learning if late > lateness else config.easing
+                self._lateness = lateness + weight * (late - lateness)
+                self._lateness_at = now
             self._add(busy, ticket.tokens)
         elif busy:
             self._add(busy, 0)

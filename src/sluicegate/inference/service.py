@@ -405,7 +405,14 @@ class CompletionService:
         load = self._engine.load()
         self._load_limits.check(load, self._queue.drain_seconds())
         in_step = load.step_seconds if load is not None and (load.running or load.waiting) else 0.0
-        ticket = self._queue.enter(run.prompt_tokens, time.time() - run.arrival_time, in_step)
+        ticket = self._queue.enter(
+            run.prompt_tokens,
+            time.time() - run.arrival_time,
+            in_step,
+            # A grammar compiled for the run delays its first token past what the queue
+            # foretells; it must not teach the estimate (`prefill_queue`).
+            learns=run.options.structured is None,
+        )
         try:
             with GenerationTelemetry(
                 operation, self._model_name, run.id, run.prompt_tokens, run.options, tools

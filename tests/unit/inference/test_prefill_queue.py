@@ -4,6 +4,8 @@ the fake engine."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -109,7 +111,8 @@ def test_through_the_app_a_late_first_token_is_a_503_and_a_stream_too() -> None:
 
 def test_first_tokens_later_than_foretold_are_learnt_and_counted_in() -> None:
     clock = Clock()
-    config = QueueConfig(objective=None, min_samples=1, learning=0.5)
+    # No ageing here: the learning rule alone.
+    config = QueueConfig(objective=None, min_samples=1, learning=0.5, lateness_half_life=math.inf)
     queue = PrefillQueue(config, clock)
     first = queue.enter(100)
     clock.now += 1.0
@@ -146,7 +149,9 @@ def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
 
 def test_the_lateness_rises_fast_and_falls_slowly_so_it_follows_the_late_tail() -> None:
     clock = Clock()
-    config = QueueConfig(objective=None, min_samples=1, learning=0.5, easing=0.125)
+    config = QueueConfig(
+        objective=None, min_samples=1, learning=0.5, easing=0.125, lateness_half_life=math.inf
+    )
     queue = PrefillQueue(config, clock)
     first = queue.enter(100)
     clock.now += 1.0
@@ -164,3 +169,86 @@ def test_the_lateness_rises_fast_and_falls_slowly_so_it_follows_the_late_tail() 
     clock.now += 0.1
     early.started()  # sooner than foretold: 0 late, the lateness eases by an eighth
     assert queue.lateness == pytest.approx(0.4 * (1 - 0.125))
+
+
+def day_of_arrivals(queue: PrefillQueue, clock: Clock, seconds: int) -> list[float]:
+    """One 100-token run a second, each served at 100 tokens a second; when each refused."""
+    refused: list[float] = []
+    for _ in range(seconds):
+        clock.now += 1.0
+        try:
+            ticket = queue.enter(100)
+        except OverloadedError:
+            refused.append(clock.now)
+            continue
+        clock.now += 0.5
+        ticket.started()
+    return refused
+
+
+def test_one_first_token_far_later_than_foretold_does_not_latch_the_objective_shut() -> None:
+    clock = Clock()
+    queue = PrefillQueue(QueueConfig(objective=2.0, min_samples=1), clock)
+    first = queue.enter(100)
+    clock.now += 0.5
+    first.started()  # 200 tokens a second
+    late = queue.enter(100)
+    clock.now += 12.5
+    late.started()  # 12 s later than foretold: a learnt lateness of 2.4 s, capped at 1 s
+    assert queue.lateness == pytest.approx(1.0)
+    # Without ageing, the cap and the trickle, every one of these was refused (the only
+    # runs that could lower the lateness were the ones it refused).
+    refused = day_of_arrivals(queue, clock, 86_400)
+    assert len(refused) < 60
+    assert not refused or refused[-1] < clock.now - 86_000
+
+
+def test_the_learnt_lateness_halves_with_each_half_life_and_is_capped_by_the_objective() -> None:
+    clock = Clock()
+    config = QueueConfig(objective=10.0, min_samples=1, learning=1.0, lateness_half_life=30.0)
+    queue = PrefillQueue(config, clock)
+    first = queue.enter(100)
+    clock.now += 1.0
+    first.started()
+    late = queue.enter(100)
+    clock.now += 5.0
+    late.started()  # 4 s later than the 1 s foretold
+    assert queue.lateness == pytest.approx(4.0)
+    clock.now += 30.0
+    assert queue.lateness == pytest.approx(2.0)
+    clock.now += 60.0
+    assert queue.lateness == pytest.approx(0.5)
+    capped = PrefillQueue(QueueConfig(objective=1.0, min_samples=1, learning=1.0), clock)
+    first = capped.enter(100)
+    clock.now += 1.0
+    first.started()
+    late = capped.enter(100)
+    clock.now += 5.0
+    late.started()
+    assert capped.lateness == pytest.approx(0.5)  # half the 1 s objective
+
+
+def test_with_nothing_waiting_one_run_a_trickle_is_admitted_whatever_the_estimate() -> None:
+    queue, clock = measured(10, objective=1.0)  # 10 tokens a second
+    clock.now += 5.0
+    trickle = queue.enter(100)  # 10 s expected, but nothing waits and nothing came for 1 s
+    with pytest.raises(OverloadedError):
+        queue.enter(1)  # one waits now: refused as before
+    clock.now += 10.0
+    trickle.started()
+    again = queue.enter(100)  # nothing waits, and the last was admitted 10 s ago
+    again.started()
+    with pytest.raises(OverloadedError):
+        queue.enter(100)  # nothing waits, but one was admitted less than a second ago
+    clock.now += 1.0
+    assert queue.enter(100).tokens == 100
+
+
+def test_runs_marked_as_not_learning_teach_neither_the_lateness_nor_the_rate() -> None:
+    queue, clock = measured(100, objective=None)
+    compiled = queue.enter(100, learns=False)
+    clock.now += 3.0  # a grammar compiled before the first token
+    compiled.started()
+    assert queue.lateness == 0.0
+    assert queue.rate() == pytest.approx(100.0)
+    assert queue.waiting == 0 and queue.tokens == 0
