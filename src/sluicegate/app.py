@@ -22,7 +22,7 @@ from sluicegate import __version__, wiring
 from sluicegate.api import completions, health, models, responses, tokenize
 from sluicegate.api.playground import playground_mount
 from sluicegate.engine.protocol import EngineClient
-from sluicegate.http.admission import AdmissionMiddleware
+from sluicegate.http.admission import AdmissionMiddleware, ConnectionLimitMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.cache_hits import CacheHitMiddleware
@@ -160,6 +160,8 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
         Middleware(RequestIdMiddleware),
         # Outside the API key and admission checks, so their refusals are counted and logged.
         Middleware(TelemetryMiddleware, model=settings.model_name),
+        # Before anything costs work: a connection past MAX_CONNECTIONS is refused here.
+        Middleware(ConnectionLimitMiddleware),
     ]
     if settings.api_keys is not None:
         open_paths = PROBE_PATHS - (METRICS_PATHS if settings.metrics_require_auth else set())

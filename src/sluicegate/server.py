@@ -67,7 +67,8 @@ def serve(settings: Settings) -> int:
 
 def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
     """uvicorn's configuration: the connection limits are its own settings where it has
-    them, and `http.connection` where it has not."""
+    them, and `http.connection` where it has not (or where its own serves nobody under a
+    burst: `limit_concurrency`)."""
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -76,13 +77,13 @@ def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
         http=guarded_protocol(
             head_timeout=settings.request_head_timeout,
             write_timeout=settings.stream_stall_timeout,
+            max_connections=settings.max_connections,
         ),
         lifespan="on",
         log_level=settings.log_level,
         # uvicorn's lines go through our handler, in `log_format`; the access log is ours.
         log_config=None,
         access_log=False,
-        limit_concurrency=settings.max_connections,
         backlog=settings.backlog,
         timeout_keep_alive=settings.keep_alive_timeout,
         # The drain already waited; this only bounds the close of what is left.

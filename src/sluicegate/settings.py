@@ -222,9 +222,10 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         default=1000,
         ge=1,
-        description="Open connections (or requests) at which new requests get a plain-text "
-        "503 from the server (uvicorn's `limit_concurrency`). Keep it below the open-file "
-        "limit (`ulimit -n`).",
+        description="Connections served at once, counted as they are accepted: a request on a "
+        "connection past them gets a 503 `overloaded` (with Retry-After) and the connection "
+        "closes; those accepted first are served. Keep it below the open-file limit "
+        "(`ulimit -n`).",
     )
     backlog: int = Field(
         default=2048,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
 from sluicegate.server import DrainingServer, exposure_warning, server_config
@@ -107,15 +108,72 @@ def test_the_head_limit_leaves_kept_alive_connections_and_slow_engines_alone() -
 # ---- connections and keep-alive ------------------------------------------------------------
 
 
-def test_connections_beyond_max_connections_get_a_503() -> None:
+def ask(
+    sock: socket.socket, method: str, path: str, body: object = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on `sock`: the status, headers and body of its answer."""
+    payload = b"" if body is None else json.dumps(body).encode()
+    sock.sendall(
+        b"%s %s HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (method.encode(), path.encode(), len(payload), payload)
+    )
+    sock.settimeout(10)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, rest = received.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    while len(rest) < int(headers["content-length"]):
+        rest += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, rest
+
+
+def test_connections_past_max_connections_are_refused_in_our_envelope_the_first_served() -> None:
+    refused_before = refused_connections()
     with running(max_connections=3, request_head_timeout=30) as server:
-        idle = [server.connect() for _ in range(2)]
-        with httpx.Client(base_url=server.url) as client:
-            assert client.get("/health").status_code == 503  # its own is the third
-        for sock in idle:
+        first = [server.connect() for _ in range(3)]
+        time.sleep(0.2)  # all three accepted: every slot is taken
+        with server.connect() as extra:
+            status, headers, body = ask(extra, "POST", "/v1/chat/completions", CHAT)
+            assert status == 503
+            assert json.loads(body)["error"]["code"] == "overloaded"
+            assert headers["retry-after"] == "1"
+            assert headers["connection"] == "close"
+            assert read_until_closed(extra, within=5)[0] == b""
+        with server.connect() as probe:  # probes are answered on any connection
+            assert ask(probe, "GET", "/health")[0] == 200
+        closes = []
+        for sock in first:  # the connections accepted first are served
+            status, headers, body = ask(sock, "POST", "/v1/chat/completions", CHAT)
+            assert status == 200, body
+            closes.append(headers.get("connection") == "close")
             sock.close()
+        # The first closes after its answer: every slot was taken, and others wait for one.
+        assert closes[0]
         time.sleep(0.2)
         assert httpx.get(f"{server.url}/health").status_code == 200
+    assert refused_connections() == refused_before + 1
+
+
+def refused_connections() -> float:
+    value = REGISTRY.get_sample_value(
+        "sluicegate_admission_refused_total", {"reason": "connections"}
+    )
+    return value or 0.0
+
+
+def test_a_slot_freed_before_its_request_goes_to_a_connection_accepted_past_the_limit() -> None:
+    with running(max_connections=2, request_head_timeout=30) as server:
+        first = [server.connect() for _ in range(2)]
+        with server.connect() as late:
+            time.sleep(0.2)
+            first.pop().close()
+            time.sleep(0.2)
+            status, _, body = ask(late, "POST", "/v1/chat/completions", CHAT)
+            assert status == 200, body
+        for sock in first:
+            sock.close()
 
 
 def test_an_idle_kept_alive_connection_closes_after_keep_alive_timeout() -> None:

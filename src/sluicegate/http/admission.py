@@ -1,4 +1,13 @@
-"""Admission control: a bound on inference requests in flight, overall and per API key.
+"""Admission control: a bound on connections served, and on inference requests in flight,
+overall and per API key.
+
+`ConnectionLimitMiddleware` refuses a request that came on a connection past
+`MAX_CONNECTIONS` (which `http.connection` marks when it accepts it): a 503 `overloaded`
+with `Retry-After`, before the API key check and the body, then the connection closes.
+Health probes and scrapes on such a connection are still answered, so that an orchestrator
+does not restart a replica for being busy.
+
+`AdmissionMiddleware` bounds inference requests.
 
 A slot is taken once the request's body has arrived (`http.body_limits` reads it first), so
 a slow upload holds none. A request over the bound is refused at once: 503 `overloaded` when
@@ -18,14 +27,35 @@ from sluicegate.errors import (
     OverloadedError,
     ShuttingDownError,
 )
-from sluicegate.http.asgi import api_key_id
+from sluicegate.http.asgi import api_key_id, over_connection_limit
 from sluicegate.http.errors import send_error
 from sluicegate.keys import ANONYMOUS
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.observability.metrics import ADMISSION_REFUSED
-from sluicegate.paths import INFERENCE_PATHS
+from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
 
 RETRY_AFTER_S = "1"
+CONNECTIONS_REFUSED = "connections"
+"""The `reason` of `sluicegate_admission_refused_total` for a connection past the limit."""
+
+
+class ConnectionLimitMiddleware:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or not over_connection_limit(scope)
+            or scope["path"] in PROBE_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        error = OverloadedError(
+            "The server has too many open connections. Retry shortly.",
+            headers={"retry-after": RETRY_AFTER_S},
+        )
+        await _refuse(send, error, reason=CONNECTIONS_REFUSED)
 
 
 class AdmissionMiddleware:
@@ -72,6 +102,6 @@ class AdmissionMiddleware:
                     del self.per_key[key]
 
 
-async def _refuse(send: Send, error: GatewayError) -> None:
-    ADMISSION_REFUSED.labels(error.code).inc()
+async def _refuse(send: Send, error: GatewayError, reason: str | None = None) -> None:
+    ADMISSION_REFUSED.labels(reason or error.code).inc()
     await send_error(send, error)

@@ -13,6 +13,9 @@ _API_KEY_ID = "api_key_id"
 BODY_RECEIVED = "sluicegate.body_received"
 """The scope extension `http.connection` sets when a request's whole body had arrived
 before the app began: reading it then cannot wait, and needs no timer."""
+OVER_CONNECTION_LIMIT = "sluicegate.over_connection_limit"
+"""The scope extension `http.connection` sets on a request whose connection is past
+`MAX_CONNECTIONS`: `http.admission` refuses it."""
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -38,6 +41,12 @@ def body_received(scope: Scope) -> bool:
     """Whether the whole body was already at hand when the app began (`BODY_RECEIVED`)."""
     extensions = scope.get("extensions")
     return extensions is not None and BODY_RECEIVED in extensions
+
+
+def over_connection_limit(scope: Scope) -> bool:
+    """Whether the request came on a connection past the limit (`OVER_CONNECTION_LIMIT`)."""
+    extensions = scope.get("extensions")
+    return extensions is not None and OVER_CONNECTION_LIMIT in extensions
 
 
 async def read_body(receive: Receive) -> bytes:

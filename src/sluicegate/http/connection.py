@@ -11,12 +11,21 @@
   The connection is aborted, dropping what is buffered for it, so a client that stops
   reading holds neither memory nor a socket. The app sees the client gone.
 
+It bounds the connections served at once to `max_connections`, decided when each is
+accepted: the first `max_connections` open at a time are served; a connection past them is
+marked (`http.asgi.OVER_CONNECTION_LIMIT`), its request refused by `http.admission` with a
+503 `overloaded` in OpenAI's envelope and `Retry-After`, then closed. A slot freed before its
+request arrived is given to it instead. uvicorn's own `limit_concurrency` is not used: it
+counts every open connection at each request, its first ones included, so a burst past it
+was served to nobody, in plain text. While every slot is taken, a served connection closes
+after its response instead of idling kept alive, so the clients waiting get its slot.
+
 It also tells the app when a request's body had arrived whole before the app began
 (`http.asgi.body_received`), as a small body does in the head's own read: `http.body_limits`
 then reads it without a timer, which is a cost on the hottest path (cache hits).
 
-Idle kept-alive connections, body read time and the number of connections are bounded by
-uvicorn's own settings and `http.body_limits`.
+Idle kept-alive connections and body read time are bounded by uvicorn's own settings and
+`http.body_limits`.
 """
 
 from __future__ import annotations
@@ -29,34 +38,64 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluicegate.errors import RequestTimeoutError
-from sluicegate.http.asgi import BODY_RECEIVED
+from sluicegate.http.asgi import BODY_RECEIVED, OVER_CONNECTION_LIMIT
 
 logger = logging.getLogger(__name__)
 
 
-def guarded_protocol(head_timeout: float, write_timeout: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol, with these two limits."""
+def guarded_protocol(
+    head_timeout: float, write_timeout: float, max_connections: int
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, with these limits (one set of slots per server)."""
     return type(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
-        {"head_timeout": head_timeout, "write_timeout": write_timeout},
+        {
+            "head_timeout": head_timeout,
+            "write_timeout": write_timeout,
+            "slots": ConnectionSlots(max_connections),
+        },
     )
+
+
+class ConnectionSlots:
+    """The connections served at once: at most `limit`."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.taken = 0
+
+    @property
+    def full(self) -> bool:
+        return self.taken >= self.limit
+
+    def take(self) -> bool:
+        if self.full:
+            return False
+        self.taken += 1
+        return True
+
+    def give_back(self) -> None:
+        self.taken -= 1
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     head_timeout: float = 10.0
     write_timeout: float = 60.0
+    slots: ConnectionSlots  # set by `guarded_protocol`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_begun = False
         self._write_timer: asyncio.TimerHandle | None = None
+        self._has_slot = False
 
     # ---- the request head ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._has_slot = self.slots.take()
         self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
 
     def on_message_begin(self) -> None:
@@ -68,7 +107,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_begun = False
         self._cancel_head_timer()
+        if not self._has_slot:
+            self._has_slot = self.slots.take()  # one may have been freed since the accept
+        if not self._has_slot:
+            self.scope.setdefault("extensions", {})[OVER_CONNECTION_LIMIT] = {}
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope and self.slots.full:
+            # Refused, or served while others wait for a slot: closed after this response.
+            cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -124,4 +171,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         self._cancel_write_timer()
+        if self._has_slot:
+            self._has_slot = False
+            self.slots.give_back()
         super().connection_lost(exc)

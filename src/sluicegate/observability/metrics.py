@@ -356,6 +356,7 @@ for _op in ("get", "set", "lock", "unlock", "decode"):
 for _outcome in ("hit", "miss", "off"):
     CACHE_NEAR_REQUESTS.labels(_outcome)
 for _reason in (
+    "connections",
     "overloaded",
     "shutting_down",
     "concurrency_limit_exceeded",

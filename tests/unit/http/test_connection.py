@@ -55,7 +55,7 @@ def port() -> Iterator[int]:
         host="127.0.0.1",
         port=number,
         loop="asyncio",
-        http=guarded_protocol(head_timeout=5, write_timeout=5),
+        http=guarded_protocol(head_timeout=5, write_timeout=5, max_connections=100),
         lifespan="off",
         log_level="warning",
     )
