@@ -58,6 +58,15 @@ def test_detokenize_round_trips(base_url: str, model: str) -> None:
     assert response.json() == {"prompt": text}
 
 
+def test_detokenize_takes_no_more_ids_than_the_context_length(base_url: str) -> None:
+    longest = post(base_url, "/tokenize", {"prompt": "a"}).json()["max_model_len"]
+    assert post(base_url, "/detokenize", {"tokens": [1] * longest}).status_code == 200
+    response = post(base_url, "/detokenize", {"tokens": [1] * (longest + 1)})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tokens" and str(longest) in error["message"]
+
+
 def test_tokenize_errors(base_url: str) -> None:
     cases: list[tuple[str, dict[str, Any], int, str | None]] = [
         ("/detokenize", {"tokens": [1, 49152]}, 400, "tokens"),
