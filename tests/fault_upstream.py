@@ -7,7 +7,7 @@ A real HTTP server process (uvicorn, uvloop, raw ASGI; chunk bytes precomputed),
 serves as the fast streaming upstream of `bench/upstream_overhead.py`.
 
     python -m tests.fault_upstream --port 8101 [--chunks 32] [--delay 0] [--model fault-model]
-                                   [--api-key KEY]
+                                   [--api-key KEY] [--tokenize] [--max-model-len 2048]
 
 Routes: `GET /health` (200, empty), `GET /v1/models`, `POST /v1/chat/completions` and
 `POST /v1/completions`, streamed (`data: {...}` chat.completion.chunk / text_completion
@@ -15,6 +15,14 @@ events, the last with `finish_reason`, a usage event when `stream_options.includ
 then `data: [DONE]`) or not (one body with `usage`). `max_tokens` (or
 `max_completion_tokens`) below `--chunks` cuts the answer there, with finish_reason
 `length`. With `--api-key`, `/v1/*` wants `Authorization: Bearer KEY` (else 401).
+
+With `--tokenize`, `POST /tokenize` answers in vLLM's shape (`{"count", "max_model_len",
+"tokens", "token_strs"}`) for a `prompt` or chat `messages`, with a toy tokenizer (words in
+pieces of up to 4 characters, each punctuation mark, each run of whitespace, and the chat
+template's markers are tokens), and the completion routes count prompts with it: their
+usage says so, and a prompt that leaves less than `max_tokens` of `--max-model-len` gets
+vLLM's 400. `/_stats`' `requests["/tokenize"]` counts the calls. Without it, `/tokenize` is
+a 404, as on llama.cpp's or Ollama's server.
 
 Control, `POST /_control` with one JSON object, replacing the behaviour before it:
 
@@ -58,12 +66,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -93,6 +103,28 @@ SSE_HEADERS = [
 ]
 DONE = b"data: [DONE]\n\n"
 RST_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a RST
+TOY_TOKEN = re.compile(r"<\|\w+\|>|\w{1,4}|[^\w\s]|\s+")
+TOY_VOCAB = 50_000
+BOS = 1
+
+
+def toy_tokens(text: str, add_special_tokens: bool = False) -> list[str]:
+    """The toy tokenizer of `--tokenize` (see the module docstring)."""
+    return (["<s>"] if add_special_tokens else []) + TOY_TOKEN.findall(text)
+
+
+def toy_ids(tokens: list[str]) -> list[int]:
+    return [BOS if t == "<s>" else 2 + zlib.crc32(t.encode()) % TOY_VOCAB for t in tokens]
+
+
+def toy_chat(messages: list[Any], add_generation_prompt: bool = True) -> str:
+    """The toy chat template: each message between markers, then the assistant's."""
+    text = "".join(
+        f"<|{m.get('role')}|>\n{m.get('content') or ''}<|end|>\n"
+        for m in messages
+        if isinstance(m, dict)
+    )
+    return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
 
 class ControlError(ValueError):
@@ -323,10 +355,20 @@ class Exchange:
 class FaultUpstream:
     """The ASGI app."""
 
-    def __init__(self, model: str, chunks: int, delay: float, api_key: str | None) -> None:
+    def __init__(
+        self,
+        model: str,
+        chunks: int,
+        delay: float,
+        api_key: str | None,
+        tokenize: bool = False,
+        max_model_len: int = 2048,
+    ) -> None:
         self.script = Script(model, chunks)
         self.delay = delay
         self.api_key = api_key
+        self.tokenize = tokenize
+        self.max_model_len = max_model_len
         self.behaviour = Behaviour()
         self.stats = Stats()
         self.connections = Connections()
@@ -365,6 +407,8 @@ class FaultUpstream:
             await self._error(send, exchange, 401, "invalid API key", "invalid_request_error")
         elif path == "/v1/models" and method == "GET":
             await self._respond(send, exchange, 200, self._models(), JSON_HEADERS)
+        elif path == "/tokenize" and method == "POST" and self.tokenize:
+            await self._tokenize(send, exchange, body)
         elif path in COMPLETION_PATHS and method == "POST":
             await self._guard(
                 receive, exchange, self._complete(path, body, behaviour, exchange, send)
@@ -398,9 +442,34 @@ class FaultUpstream:
             "object": "model",
             "created": self.script.created,
             "owned_by": "fault-upstream",
-            "max_model_len": 2048,
+            "max_model_len": self.max_model_len,
         }
         return json.dumps({"object": "list", "data": [model]}).encode()
+
+    async def _tokenize(self, send: Send, exchange: Exchange, raw: bytes) -> None:
+        try:
+            body = json.loads(raw)
+            if "messages" in body:
+                text = toy_chat(body["messages"], body.get("add_generation_prompt", True))
+                tokens = toy_tokens(text, add_special_tokens=True)
+            else:
+                tokens = toy_tokens(str(body["prompt"]), body.get("add_special_tokens", True))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            await self._error(send, exchange, 400, f"bad /tokenize body: {exc}", "BadRequest")
+            return
+        answer = {
+            "count": len(tokens),
+            "max_model_len": self.max_model_len,
+            "tokens": toy_ids(tokens),
+            "token_strs": tokens if body.get("return_token_strs") else None,
+        }
+        await self._respond(send, exchange, 200, json.dumps(answer).encode(), JSON_HEADERS)
+
+    def _toy_count(self, raw: bytes, chat: bool) -> int:
+        body = json.loads(raw)
+        if chat:
+            return len(toy_tokens(toy_chat(body["messages"]), add_special_tokens=True))
+        return len(toy_tokens(str(body["prompt"]), add_special_tokens=True))
 
     async def _guard(
         self, receive: Receive, exchange: Exchange, work: Coroutine[Any, Any, None]
@@ -430,6 +499,16 @@ class FaultUpstream:
             return
         if request["model"] is not None:
             self.stats.models[request["model"]] += 1
+        if self.tokenize:
+            request["prompt_tokens"] = self._toy_count(raw, chat)
+            wanted = request["prompt_tokens"] + (request["max_tokens"] or 1)
+            if wanted > self.max_model_len:
+                message = (
+                    f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, your request has {request['prompt_tokens']} input tokens."
+                )
+                await self._error(send, exchange, 400, message, "BadRequestError")
+                return
         if behaviour.status is not None:
             headers = []
             if behaviour.retry_after is not None:
@@ -748,8 +827,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each chunk")
     parser.add_argument("--model", default="fault-model", help="the id /v1/models lists")
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    parser.add_argument("--tokenize", action="store_true", help="answer /tokenize (toy counts)")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="the context window")
     args = parser.parse_args()
-    app = FaultUpstream(args.model, args.chunks, args.delay, args.api_key)
+    app = FaultUpstream(
+        args.model, args.chunks, args.delay, args.api_key, args.tokenize, args.max_model_len
+    )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, loop="uvloop", lifespan="off", access_log=False,
         log_level="warning", http=app.connections.protocol(HttpToolsProtocol), backlog=4096,

@@ -138,6 +138,10 @@ class ChatEncoding:
     """How many ids the prompt has. `ids` is left empty when there are more than the caller
     said it could use (`encode_chat_counted`'s `ids_up_to`): for megabytes of text, building
     the list alone holds the GIL for tens of milliseconds."""
+    tokens_per_char: float | None = None
+    """Set when the tokenizer counts whole prompts only, one costly call each (an upstream's
+    `/tokenize`, one HTTP request per text): the split is then estimated from characters at
+    this density, and the parts of the prompt are estimated the same way, never counted."""
 
     def __post_init__(self) -> None:
         if self.length < 0:

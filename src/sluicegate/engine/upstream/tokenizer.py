@@ -1,9 +1,12 @@
 """The token budget's counts from an upstream's own `/tokenize` (vLLM's server has one).
 
 The upstream applies its chat template and counts, so the budget sees exactly what the
-upstream will. The message split that truncation needs is estimated (`estimated_encoding`):
-contents counted alone, the template's framing spread evenly. It is asked only when a
-prompt does not fit.
+upstream will. Each count is one HTTP request, so a request is never counted in parts: a
+prompt that does not fit is counted once more with its contents left out (the template's
+framing), and the split that truncation needs is estimated from characters at the density
+of the contents' share (`proportional_encoding`). Truncation estimates the parts it cuts at
+that density too (`ChatEncoding.tokens_per_char`) and checks only the prompt it chose, whole:
+a handful of calls per request, where counting each message and sentence took thousands.
 
 A server whose `/tokenize` is not vLLM's can still answer 200: llama.cpp's wants `content`,
 not `prompt`, and counts nothing. `probe` tells that from a real count before the budget
@@ -19,7 +22,6 @@ from typing import Any
 import httpx
 
 from sluicegate.engine.protocol import ChatEncoding, ChatMessages, Tokenized, Tools
-from sluicegate.engine.tokenizer import estimated_encoding
 from sluicegate.engine.upstream.wire import error_fields, wire_message
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
@@ -50,8 +52,13 @@ class RemoteTokenizer:
     ) -> ChatEncoding:
         ids = await self.encode_chat(messages, tools)
         if ids_up_to is None or len(ids) > ids_up_to:
-            contents = await self.count([str(m.get("content") or "") for m in messages])
-            return estimated_encoding(ids, contents)
+            blank = [{**m, "content": ""} for m in messages]
+            try:
+                framing = len(await self.encode_chat(blank, tools))
+            except InvalidRequestError:  # a template that wants contents: all is content
+                framing = 0
+            contents = [len(str(m.get("content") or "")) for m in messages]
+            return proportional_encoding(ids, framing, contents)
         return ChatEncoding(ids, (0,) * len(messages), (0,) * len(messages))
 
     async def probe(self) -> None:
@@ -64,6 +71,9 @@ class RemoteTokenizer:
         return (await self.tokenize(text)).ids
 
     async def count(self, texts: Sequence[str]) -> list[int]:
+        """One request per text (vLLM's `/tokenize` takes one): the budget does not count
+        parts through this tokenizer (see the module's docstring)."""
+
         async def one(text: str) -> int:
             if not text:
                 return 0
@@ -135,6 +145,22 @@ class RemoteTokenizer:
         if not isinstance(answer, dict):
             raise EngineUnavailableError(f"The upstream's {path} sent no JSON object.")
         return answer
+
+
+def proportional_encoding(
+    ids: list[int], framing: int, content_chars: Sequence[int]
+) -> ChatEncoding:
+    """A chat's encoding split from its exact length, the length of its framing alone (the
+    same chat with empty contents), and each content's characters: the contents share what
+    the framing leaves in proportion to their characters, the framing is spread evenly."""
+    chars = sum(content_chars)
+    content_total = max(0, len(ids) - framing)
+    density = content_total / chars if chars else 0.0
+    contents = [round(c * density) for c in content_chars]
+    each = max(0, framing) // (len(content_chars) + 1)
+    return ChatEncoding(
+        ids, tuple(c + each for c in contents), tuple(contents), tokens_per_char=density
+    )
 
 
 def _ids(answer: Mapping[str, Any]) -> list[int]:
