@@ -16,12 +16,14 @@ relies on it, and every answer's shape is checked, so a bad one is an error, not
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from sluicegate.engine.protocol import ChatEncoding, ChatMessages, Tokenized, Tools
+from sluicegate.engine.tokenizer import estimated_encoding
 from sluicegate.engine.upstream.wire import error_fields, wire_message
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
@@ -152,15 +154,12 @@ def proportional_encoding(
 ) -> ChatEncoding:
     """A chat's encoding split from its exact length, the length of its framing alone (the
     same chat with empty contents), and each content's characters: the contents share what
-    the framing leaves in proportion to their characters, the framing is spread evenly."""
+    the framing leaves in proportion to their characters (`estimated_encoding` spreads the
+    framing)."""
     chars = sum(content_chars)
-    content_total = max(0, len(ids) - framing)
-    density = content_total / chars if chars else 0.0
+    density = max(0, len(ids) - framing) / chars if chars else 0.0
     contents = [round(c * density) for c in content_chars]
-    each = max(0, framing) // (len(content_chars) + 1)
-    return ChatEncoding(
-        ids, tuple(c + each for c in contents), tuple(contents), tokens_per_char=density
-    )
+    return dataclasses.replace(estimated_encoding(ids, contents), tokens_per_char=density)
 
 
 def _ids(answer: Mapping[str, Any]) -> list[int]:
