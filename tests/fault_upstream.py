@@ -27,20 +27,25 @@ a 404, as on llama.cpp's or Ollama's server.
 Control, `POST /_control` with one JSON object, replacing the behaviour before it:
 
     {"status": 503, "retry_after": 1}      that status and an OpenAI error body (4xx or 5xx);
-                                           `Retry-After: 1` when retry_after is given
+                                           `Retry-After: 1` when retry_after is given (a
+                                           string is sent as it is: "inf", an HTTP date)
     {"reset": "before"}                    reset the TCP connection (RST) before any header
     {"reset": "during", "after_chunks": 3} send the headers and 3 chunks, then reset
     {"stall": 5}                           read the request, send nothing for 5 s, go on
     {"stall": 5, "after_chunks": 3}        the same after the headers and 3 chunks
     {"slow": 0.2}                          0.2 s before each chunk (combines with reset/stall)
     {"down": true}                         503 on every route, /health and /v1/models too
+    {"words": ["a", "b"]}                  the answer is these words, as they are, one a chunk
+    {"chunks": 1024, "chunk_bytes": 65536} a 1,024-word answer, each word padded with x to
+                                           64 KiB (combines with the others)
     {"reset_all": true}                    back to normal
     {"reset_stats": true}                  counters back to zero (live gauges stay)
 
 Add `"times": N` to apply a behaviour to the next N requests it concerns, then go back to
 normal; without it, it lasts until the next control request. `status`, `reset`, `stall`
 and `slow` concern the two completion routes only; `down` concerns every route but
-`/_control` and `/_stats`. `GET /_control` shows the behaviour in force. Bad control
+`/_control` and `/_stats`; `words`, `chunks` and `chunk_bytes` shape the completions' answer
+(a word counts as one token). `GET /_control` shows the behaviour in force. Bad control
 bodies get a 400 saying why.
 
 Counters, `GET /_stats` (timestamps are `time.monotonic()` of this process: CLOCK_MONOTONIC,
@@ -52,6 +57,9 @@ the same clock as a test's `time.monotonic()` on the same Linux host):
      "statuses": {"200": 1, "503": 1},   of the completed responses
      "models": {"fault-model": 3},  the `model` completion requests named (whatever this
                                     server's own is)
+     "priorities": {"None": 3},    the `priority` completion requests carried (None: none)
+     "sent_bytes": 4096,           body bytes of streamed completions the server took (its
+                                   sends wait while the client's socket is full)
      "resets": 0,                  connections this server reset on purpose
      "disconnects": [12345.678],   when it noticed a client leave before its response ended
      "open_connections": 4,        TCP connections open now (keep-alive ones included)
@@ -136,12 +144,15 @@ class Behaviour:
     """What the next requests get; all None/False is a healthy server."""
 
     status: int | None = None
-    retry_after: float | None = None
+    retry_after: float | str | None = None
     reset: str | None = None
     stall: float | None = None
     after_chunks: int | None = None
     slow: float | None = None
     down: bool = False
+    words: tuple[str, ...] | None = None
+    chunks: int | None = None
+    chunk_bytes: int | None = None
     times: int | None = None
 
     @property
@@ -149,12 +160,17 @@ class Behaviour:
         return self == Behaviour()
 
     @property
+    def shaped(self) -> bool:
+        """Whether it changes the answer's words (`words`, `chunks`, `chunk_bytes`)."""
+        return (self.words, self.chunks, self.chunk_bytes) != (None, None, None)
+
+    @property
     def fault(self) -> str | None:
         """The name the arrivals log gives this behaviour's fault."""
         for name in ("down", "status", "reset", "stall", "slow"):
             if getattr(self, name):
                 return name
-        return None
+        return "answer" if self.shaped else None
 
 
 def parse_control(body: object) -> Behaviour | None:
@@ -173,12 +189,15 @@ def parse_control(body: object) -> Behaviour | None:
         return None
     behaviour = Behaviour(
         status=_number(rest, "status", int, 400, 599),
-        retry_after=_number(rest, "retry_after", float, 0, 3600),
+        retry_after=_retry_after(rest),
         reset=rest.get("reset"),
         stall=_number(rest, "stall", float, 0, 3600),
         after_chunks=_number(rest, "after_chunks", int, 0, 1_000_000),
         slow=_number(rest, "slow", float, 0, 60),
         down=_flag(rest, "down"),
+        words=_words(rest),
+        chunks=_number(rest, "chunks", int, 1, 100_000),
+        chunk_bytes=_number(rest, "chunk_bytes", int, 1, 1 << 20),
         times=_number(rest, "times", int, 1, 1_000_000),
     )
     if behaviour.reset not in (None, "before", "during"):
@@ -208,6 +227,25 @@ def _number(body: dict[str, Any], name: str, kind: type, low: float, high: float
     return kind(value)
 
 
+def _retry_after(body: dict[str, Any]) -> float | str | None:
+    """A number of seconds (up to 10^12, to try absurd waits), or a header value as it is."""
+    value = body.get("retry_after")
+    if isinstance(value, str):
+        if not value or not value.isprintable():
+            raise ControlError("retry_after must be a printable header value")
+        return value
+    return cast(float | None, _number(body, "retry_after", float, 0, 1e12))
+
+
+def _words(body: dict[str, Any]) -> tuple[str, ...] | None:
+    value = body.get("words")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(w, str) for w in value):
+        raise ControlError("words must be a non-empty list of strings")
+    return tuple(value)
+
+
 def _flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
@@ -224,6 +262,8 @@ class Stats:
     completed: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     models: Counter[str] = field(default_factory=Counter)
+    priorities: Counter[str] = field(default_factory=Counter)
+    sent_bytes: int = 0
     resets: int = 0
     disconnects: list[float] = field(default_factory=list)
     arrivals: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
@@ -231,7 +271,8 @@ class Stats:
     def clear(self) -> None:
         """Counters back to zero; `in_flight` is a live gauge and stays."""
         self.requests, self.statuses, self.models = Counter(), Counter(), Counter()
-        self.completed = self.resets = 0
+        self.priorities = Counter()
+        self.completed = self.resets = self.sent_bytes = 0
         self.disconnects = []
         self.arrivals = deque(maxlen=ARRIVALS_KEPT)
 
@@ -280,14 +321,28 @@ def _peer(transport: asyncio.BaseTransport) -> tuple[str, int]:
 class Script:
     """The canned answer's bytes, built once per length: each event after its `id`."""
 
-    def __init__(self, model: str, chunks: int) -> None:
+    def __init__(
+        self,
+        model: str,
+        chunks: int,
+        words: tuple[str, ...] | None = None,
+        pad: int | None = None,
+        created: int | None = None,
+    ) -> None:
         self.model = model
         self.chunks = chunks
-        self.created = int(time.time())
+        self.given = words
+        """The answer's words as they are (`words` control); None: the canned ones."""
+        self.pad = pad
+        self.created = int(time.time()) if created is None else created
         self._events: dict[tuple[bool, int], list[bytes]] = {}
 
     def words(self, n: int) -> list[str]:
-        return [("" if i == 0 else " ") + WORDS[i % len(WORDS)] for i in range(n)]
+        if self.given is not None:
+            words = [self.given[i % len(self.given)] for i in range(n)]
+        else:
+            words = [("" if i == 0 else " ") + WORDS[i % len(WORDS)] for i in range(n)]
+        return [w.ljust(self.pad, "x") for w in words] if self.pad else words
 
     def finish_reason(self, n: int) -> str:
         return "length" if n < self.chunks else "stop"
@@ -373,6 +428,7 @@ class FaultUpstream:
         self.stats = Stats()
         self.connections = Connections()
         self._ids = count(1)
+        self._shaped: dict[tuple[object, ...], Script] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -499,6 +555,8 @@ class FaultUpstream:
             return
         if request["model"] is not None:
             self.stats.models[request["model"]] += 1
+        self.stats.priorities[str(request["priority"])] += 1
+        script = self._script(behaviour)
         if self.tokenize:
             request["prompt_tokens"] = self._toy_count(raw, chat)
             wanted = request["prompt_tokens"] + (request["max_tokens"] or 1)
@@ -526,7 +584,7 @@ class FaultUpstream:
             await self._reset(exchange)
         if behaviour.stall and behaviour.after_chunks is None:
             await asyncio.sleep(behaviour.stall)
-        n = min(self.script.chunks, request["max_tokens"] or self.script.chunks)
+        n = min(script.chunks, request["max_tokens"] or script.chunks)
         usage = {
             "prompt_tokens": request["prompt_tokens"],
             "completion_tokens": n,
@@ -538,6 +596,7 @@ class FaultUpstream:
             await self._stream(
                 send,
                 exchange,
+                script,
                 chat,
                 request_id,
                 n,
@@ -547,13 +606,27 @@ class FaultUpstream:
             )
         else:
             await self._whole(
-                send, exchange, self.script.body(chat, request_id, n, usage), behaviour, pace * n
+                send, exchange, script.body(chat, request_id, n, usage), behaviour, pace * n
             )
+
+    def _script(self, behaviour: Behaviour) -> Script:
+        """The answer's script: the canned one, or one shaped by the behaviour (kept)."""
+        if not behaviour.shaped:
+            return self.script
+        key = (behaviour.words, behaviour.chunks, behaviour.chunk_bytes)
+        if key not in self._shaped:
+            words = behaviour.words
+            chunks = behaviour.chunks or (len(words) if words else self.script.chunks)
+            self._shaped[key] = Script(
+                self.script.model, chunks, words, behaviour.chunk_bytes, self.script.created
+            )
+        return self._shaped[key]
 
     async def _stream(
         self,
         send: Send,
         exchange: Exchange,
+        script: Script,
         chat: bool,
         request_id: str,
         n: int,
@@ -563,15 +636,16 @@ class FaultUpstream:
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         head = b'data: {"id":"' + request_id.encode()
-        events = self.script.events(chat, n)
+        events = script.events(chat, n)
         if usage is not None:
-            events = [*events, self.script.usage_event(chat, usage)]
+            events = [*events, script.usage_event(chat, usage)]
         for index, tail in enumerate(events):
             if index == behaviour.after_chunks:
                 await self._mid_stream_fault(behaviour, exchange)
             if pace:
                 await asyncio.sleep(pace)
             await send({"type": "http.response.body", "body": head + tail, "more_body": True})
+            self.stats.sent_bytes += len(head) + len(tail)
         if behaviour.after_chunks is not None and behaviour.after_chunks >= len(events):
             await self._mid_stream_fault(behaviour, exchange)
         exchange.finished = True
@@ -677,6 +751,8 @@ class FaultUpstream:
             "completed": stats.completed,
             "statuses": dict(stats.statuses),
             "models": dict(stats.models),
+            "priorities": dict(stats.priorities),
+            "sent_bytes": stats.sent_bytes,
             "resets": stats.resets,
             "disconnects": stats.disconnects,
             "open_connections": len(self.connections.open),
@@ -737,10 +813,13 @@ def _completion_request(raw: bytes, chat: bool) -> dict[str, Any]:
         "usage": bool(isinstance(options, dict) and options.get("include_usage")),
         "max_tokens": max_tokens,
         "prompt_tokens": max(1, len(prompt.split())),
+        "priority": body.get("priority"),
     }
 
 
-def _seconds(value: float) -> bytes:
+def _seconds(value: float | str) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
     return str(int(value) if value == int(value) else value).encode()
 
 

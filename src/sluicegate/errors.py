@@ -9,6 +9,7 @@
     ├── MethodNotAllowedError         405 invalid_request_error
     ├── RequestTimeoutError           408 invalid_request_error   code=request_timeout
     ├── PayloadTooLargeError          413 invalid_request_error   code=request_too_large
+    ├── UnprocessableError            422 invalid_request_error   (an upstream's refusal)
     ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
     ├── RateLimitError                429 rate_limit_error        code=rate_limit_exceeded
     ├── BadGatewayError               502 upstream_error          code=upstream_error
@@ -100,6 +101,13 @@ class PayloadTooLargeError(GatewayError):
     default_code = "request_too_large"
 
 
+class UnprocessableError(GatewayError):
+    """An upstream's 422 (upstream mode), passed on with its status."""
+
+    status_code = 422
+    error_type = "invalid_request_error"
+
+
 class ConcurrencyLimitError(GatewayError):
     status_code = 429
     error_type = "rate_limit_error"
@@ -158,6 +166,7 @@ STATUS_ERRORS: dict[int, type[GatewayError]] = {
     405: MethodNotAllowedError,
     408: RequestTimeoutError,
     413: PayloadTooLargeError,
+    422: UnprocessableError,
     429: RateLimitError,
     502: BadGatewayError,
     503: EngineUnavailableError,

@@ -148,6 +148,14 @@ class Settings(BaseSettings):
     upstream_retry_backoff_max: float = Field(
         default=2.0, gt=0, description="Longest wait between two tries, s."
     )
+    upstream_retry_after_max: float = Field(
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest `Retry-After` of an upstream that is believed, s: a longer one "
+        "(or `inf`, or a date far ahead) keeps that upstream out for this long at most, and "
+        "clients are passed this value.",
+    )
     upstream_retry_budget: float = Field(
         default=0.2,
         ge=0,
@@ -661,7 +669,9 @@ class Settings(BaseSettings):
     def _upstreams_parse(cls, value: str) -> str:
         for url in (u.strip() for u in value.split(",")):
             if url and not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?/v1/?", url):
-                raise ValueError(f"{url!r} is not a base URL ending in /v1 (http[s]://host/v1)")
+                raise ValueError(
+                    f"{redact_url(url)!r} is not a base URL ending in /v1 (http[s]://host/v1)"
+                )
         return value
 
     @model_validator(mode="after")
@@ -729,6 +739,21 @@ class Settings(BaseSettings):
         return Path(self.model.rstrip("/")).name or self.model
 
 
+def redact_url(url: str) -> str:
+    """A URL as it may be shown: what comes before an `@` (a user and password) and its
+    query or fragment (which can hold a token) replaced by `***`. Read from the raw text,
+    not parsed: a URL too broken to parse may hold credentials too."""
+    url = url.strip()
+    cut = re.search(r"[?#]", url)
+    head = url if cut is None else url[: cut.start()]
+    scheme = head.find("://")
+    start = scheme + 3 if scheme >= 0 else 0
+    at = head.rfind("@", start)
+    if at >= 0:
+        head = head[:start] + "***" + head[at:]
+    return head if cut is None else head + "?***"
+
+
 def describe_error(exc: ValidationError) -> str:
     """One line per bad value, naming the setting as users spell it in the environment."""
     lines = []
@@ -740,6 +765,8 @@ def describe_error(exc: ValidationError) -> str:
         if "expected" in ctx:
             allowed = f" (allowed: {ctx['expected']})"
         given = err.get("input")
+        if loc and loc[0] == "upstream_urls" and isinstance(given, str):
+            given = ",".join(redact_url(url) for url in given.split(","))
         secret = bool(loc) and loc[0] in SECRET_SETTINGS
         shown = f"={given!r}" if loc and not secret and not isinstance(given, dict) else ""
         msg = str(err["msg"]).removeprefix("Value error, ")

@@ -220,6 +220,7 @@ def upstream_config(settings: Settings) -> UpstreamConfig:
             max_retries=settings.upstream_max_retries,
             backoff=settings.upstream_retry_backoff,
             backoff_max=settings.upstream_retry_backoff_max,
+            retry_after_max=settings.upstream_retry_after_max,
             budget=settings.upstream_retry_budget,
             burst=settings.upstream_retry_burst,
         ),

@@ -8,6 +8,7 @@ mode. No engine starts, so each gateway is up in seconds.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import subprocess
@@ -427,3 +428,231 @@ def test_sequential_requests_reuse_the_upstream_connections(
         assert stats["connections_accepted"] <= 2, stats["connections_accepted"]
     finally:
         gateway.stop()
+
+
+@contextlib.contextmanager
+def _serving(log_dir: Path, urls: list[str], **settings: str) -> Iterator[GatewayProcess]:
+    """`_gateway`, stopped when the block ends."""
+    gateway = _gateway(log_dir, urls, **settings)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def _content(events: list[str]) -> str:
+    """The text of a chat stream's events (`data:` payloads, `[DONE]` left out)."""
+    return "".join(
+        c["delta"].get("content") or ""
+        for e in events
+        if e != "[DONE]"
+        for c in json.loads(e)["choices"]
+    )
+
+
+def _chat(gateway: GatewayProcess, body: dict[str, object] | None = None) -> httpx.Response:
+    return httpx.post(gateway.url + "/v1/chat/completions", json=body or CHAT, timeout=30)
+
+
+def _until_served(gateway: GatewayProcess, within: float) -> float:
+    """Seconds until a request is answered 200; fails after `within`."""
+    started = time.monotonic()
+    while (reply := _chat(gateway)).status_code != 200:
+        assert time.monotonic() - started < within, reply.text
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_an_endless_retry_after_is_clamped_and_a_good_probe_ends_a_503s_wait(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    with _serving(
+        gateway_dir, [upstream.url], upstream_max_retries="0", upstream_retry_after_max="30"
+    ) as gateway:
+        # `inf` was a 500 (round(inf)); now it is as long as the bound, and passed on so.
+        upstream.control(status=503, retry_after="inf", times=1)
+        reply = _chat(gateway)
+        assert reply.status_code == 503, reply.text
+        assert reply.headers["retry-after"] == "30"
+        _until_served(gateway, within=10)  # the health probes (every 0.5 s) end its wait
+        # 1e9 s kept a healthy upstream out until the gateway restarted; 30 s at most now,
+        # and the next good probe ends it sooner.
+        upstream.control(status=503, retry_after=1e9, times=1)
+        reply = _chat(gateway)
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "30"
+        assert _until_served(gateway, within=10) < 10
+
+
+def test_a_429s_retry_after_is_clamped_and_kept_through_good_probes(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    with _serving(
+        gateway_dir, [upstream.url], upstream_max_retries="0", upstream_retry_after_max="6"
+    ) as gateway:
+        upstream.control(status=429, retry_after=1e9, times=1)
+        limited = time.monotonic()
+        reply = _chat(gateway)
+        assert reply.status_code == 429 and reply.headers["retry-after"] == "6"
+        time.sleep(2)  # four good probes: a rate limit is not theirs to lift
+        assert _chat(gateway).status_code == 503
+        _until_served(gateway, within=20)
+        assert time.monotonic() - limited >= 5.5
+        assert len(upstream.arrivals()) == 2  # nothing was sent while it was out
+
+
+def test_a_slow_client_holds_the_upstream_back_instead_of_the_gateway_buffering(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    chunks, size = 1024, 64 * 1024  # a 64 MiB answer
+    with _serving(gateway_dir, [upstream.url]) as gateway:
+        upstream.control(chunks=chunks, chunk_bytes=size)
+        body = {**CHAT, "stream": True, "max_tokens": chunks}
+        with httpx.stream(
+            "POST", gateway.url + "/v1/chat/completions", json=body, timeout=60
+        ) as reply:
+            assert reply.status_code == 200
+            raw = reply.iter_raw()
+            received = [next(raw)]  # then the client stops reading, for a while
+            sent, still = -1, 0.0
+            deadline = time.monotonic() + 20  # well within STREAM_STALL_TIMEOUT (60 s)
+            while still < 1.0 and time.monotonic() < deadline:
+                now = int(upstream.stats()["sent_bytes"])  # type: ignore[call-overload]
+                still = still + 0.2 if now == sent else 0.0
+                sent = now
+                time.sleep(0.2)
+            # Unbounded, the gateway read all 64 MiB while the client read nothing. Bounded,
+            # the upstream is held back once the sockets' buffers (a few MB) are full.
+            print(f"the upstream sent {sent:,} of {chunks * size:,} bytes while held back")
+            assert sent < chunks * size // 2, sent
+            received += list(raw)
+        events = [line[6:] for line in b"".join(received).decode().splitlines() if line]
+        assert events[-1] == "[DONE]"
+        assert len(_content(events)) == chunks * size  # nothing was lost for the wait
+
+
+def test_an_upstream_refusing_the_gateways_credentials_is_a_502_and_a_failure(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    with _serving(
+        gateway_dir,
+        [upstream.url],
+        upstream_max_retries="0",
+        upstream_breaker_failures="2",
+        upstream_breaker_open_seconds="60",
+    ) as gateway:
+        label = upstream.url
+        for status in (401, 403):
+            upstream.control(status=status, times=1)
+            reply = _chat(gateway)
+            assert reply.status_code == 502, reply.text
+            error = reply.json()["error"]
+            assert error["type"] == "upstream_error" and error["code"] == "upstream_error"
+            assert error["message"] == "The upstream server refused the gateway's credentials."
+        # The upstream's words go to the log, with its address; the client's key was fine.
+        assert f"upstream {label} refused the gateway's credentials (401): injected 401" in (
+            gateway.log()
+        )
+        requests = "sluicegate_upstream_requests_total"
+        assert _metric(gateway, requests, upstream=label, outcome="auth_error") == 2
+        assert _metric(gateway, requests, upstream=label, outcome="ok") == 0
+        # Two failures in a row: its breaker is open.
+        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 1
+
+
+def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    with _serving(
+        gateway_dir, [upstream.url], upstream_max_retries="0", upstream_read_timeout="0.5"
+    ) as gateway:
+        for status in (400, 404, 422):
+            upstream.control(status=status, times=1)
+            reply = _chat(gateway)
+            assert reply.status_code == status, reply.text
+            error = reply.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            assert error["message"] == f"injected {status}"
+        requests = "sluicegate_upstream_requests_total"
+        assert _metric(gateway, requests, upstream=upstream.url, outcome="client_error") == 3
+        # Failures say what failed, not where: the upstream's address is for logs and metrics.
+        address = f"127.0.0.1:{upstream.port}"
+        for fault in ({"reset": "before"}, {"stall": 5}):
+            upstream.control(**fault)
+            failed = _chat(gateway)
+            assert failed.status_code in (502, 504) and address not in failed.text, failed.text
+        upstream.control(reset_all=True)
+        _until_served(gateway, within=10)
+        stream = {**CHAT, "stream": True}
+        upstream.control(reset="during", after_chunks=2)
+        cut = httpx.post(gateway.url + "/v1/chat/completions", json=stream, timeout=30)
+        assert "upstream_stream_error" in cut.text and address not in cut.text
+        assert address in gateway.log()
+
+
+def test_a_failed_try_with_nowhere_left_to_retry_gets_its_own_error(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    # Its first failure opens the breaker: the retry finds no upstream available.
+    with _serving(
+        gateway_dir, [upstream.url], upstream_max_retries="2", upstream_breaker_failures="1"
+    ) as gateway:
+        upstream.control(reset="before")
+        reply = _chat(gateway)
+        assert reply.status_code == 502, reply.text  # not 503 "No upstream is available."
+        assert reply.json()["error"]["message"] == "The upstream server closed the connection."
+        assert len(upstream.arrivals()) == 1
+
+
+def test_the_gateways_internal_priority_is_not_sent_upstream(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    key = "sk-upstream-priority"
+    key_id = "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    with _serving(
+        gateway_dir,
+        [upstream.url],
+        scheduling_policy="priority",
+        api_keys=key,
+        key_priorities=json.dumps({key_id: 1}),
+    ) as gateway:
+        for priority in (0, 3):
+            reply = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json={**CHAT, "priority": priority},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            assert reply.status_code == 200, reply.text
+        # Its rank (1 x 2^40 + 3 + ...) was sent before: vLLM's server refuses any priority
+        # unless it schedules by priority, a sluicegate upstream any past int32.
+        assert upstream.stats()["priorities"] == {"None": 2}
+
+
+def test_content_holding_a_record_separator_reaches_the_client_as_it_is(
+    upstreams: list[FaultUpstream], gateway_dir: Path
+) -> None:
+    upstream = upstreams[0]
+    words = ["a\x1eb", " \x1e{}\x1e", " c"]
+    tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+    with _serving(gateway_dir, [upstream.url]) as gateway:
+        upstream.control(words=words)
+        for extra in ({}, {"tools": [tool], "tool_choice": "none"}, {"tools": [tool]}):
+            for stream in (False, True):
+                reply = _chat(gateway, {**CHAT, **extra, "stream": stream})
+                assert reply.status_code == 200, reply.text
+                if stream:
+                    text = _content(_events_of(reply.text))
+                else:
+                    text = reply.json()["choices"][0]["message"]["content"]
+                assert text == "".join(words), (extra, stream, text)
+
+
+def _events_of(text: str) -> list[str]:
+    return [line[6:] for line in text.splitlines() if line.startswith("data: {")]

@@ -75,6 +75,24 @@ def test_a_status_fault_answers_n_requests_with_retry_after_then_heals(
     assert http.get("/models").status_code == 200  # status faults spare the other routes
 
 
+def test_the_answer_can_be_shaped_and_retry_after_sent_as_it_is(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(status=503, retry_after="inf", times=1)
+    assert http.post("/chat/completions", json=CHAT).headers["retry-after"] == "inf"
+    upstream.control(words=["a\x1eb", " c"], chunk_bytes=4)
+    body = http.post("/chat/completions", json=CHAT).json()
+    assert body["choices"][0]["message"]["content"] == "a\x1ebx cxx"
+    upstream.control(reset_stats=True, chunks=7)
+    stream = {**CHAT, "stream": True, "priority": 5}
+    with http.stream("POST", "/chat/completions", json=stream) as response:
+        data = events(response.iter_lines())
+    assert len(data) == 1 + 7 + 1 + 1  # the role, 7 words, the finish, [DONE]
+    stats = upstream.stats()
+    assert stats["priorities"] == {"5": 1}
+    assert stats["sent_bytes"] == sum(len(f"data: {d}\n\n") for d in data[:-1])
+
+
 def test_a_reset_before_the_headers_is_a_connection_reset(
     upstream: FaultUpstreamProcess, http: httpx.Client
 ) -> None:
@@ -174,6 +192,9 @@ def test_stats_count_requests_per_path_and_arrivals_name_their_fault(
         ({"times": 2}, "no behaviour"),
         ({"slow": True}, "slow must be"),
         ({"color": "red"}, "unknown control fields: color"),
+        ({"words": []}, "words must be"),
+        ({"status": 503, "retry_after": ""}, "printable header value"),
+        ({"chunk_bytes": 0}, "chunk_bytes must be"),
     ],
 )
 def test_bad_control_bodies_say_why(body: dict[str, object], reason: str) -> None:

@@ -118,6 +118,9 @@ class EngineStep:
     (None for the first, which nothing predicts)."""
     times: EngineTimes | None = None
     """In the first step with a token, from an engine that reports them (vLLM's)."""
+    retried: bool = False
+    """Set on every step of a run whose first step came after a failed try (an upstream
+    retried it): its first token is late for a reason no queue forecast models."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,6 +308,7 @@ UPSTREAM_OUTCOMES = (
     "client_error",
     "rate_limited",
     "server_error",
+    "auth_error",
     "connect_error",
     "reset",
     "timeout",

@@ -36,6 +36,8 @@ class RetryConfig:
     backoff: float = 0.05
     """Base of the exponential backoff: try k waits uniform(0, min(max, backoff × 2^k))."""
     backoff_max: float = 2.0
+    retry_after_max: float = 60.0
+    """The longest `Retry-After` believed: a longer one is taken as this long."""
     budget: float = 0.2
     """Retries as a share of requests."""
     burst: int = 5

@@ -3,12 +3,17 @@
 A request goes to the upstream the balancer picks, streamed. Until its first output event
 has been passed on, a failure (connect error, reset, 429, 502, 503, 504) is retried after a
 backoff with full jitter, on another upstream when there is one, within the retry budget;
-`Retry-After` keeps the upstream out of the pick for that long. A stall (the read or write
+`Retry-After` keeps the upstream out of the pick for that long (at most `retry_after_max`; a
+503's until a good health probe). A stall (the read or write
 timeout, before the headers or after them) is retried too, but only on another upstream:
 the same one would most likely keep the request waiting as long again. Once output has been passed
 on, a failure ends the response with an error (the stream layer sends an error event, then
 `[DONE]`): a retry would repeat or contradict what the client already has. Closing the step
 iterator (the client left) closes the upstream response, and with it the connection, at once.
+
+What the client is told never names an upstream (its label goes to logs and metrics), and an
+upstream's refusal of the gateway's own credentials (401, 403) is the gateway's failure, a 502,
+not the client's.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from sluicegate.engine.upstream.reads import coalesced
 from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.engine.upstream.tokenizer import RemoteTokenizer
-from sluicegate.engine.upstream.tool_calls import UpstreamToolParser
+from sluicegate.engine.upstream.tool_calls import UpstreamToolParser, reads_records
 from sluicegate.engine.upstream.wire import (
     StreamReader,
     UpstreamStreamError,
@@ -65,6 +70,9 @@ logger = logging.getLogger(__name__)
 _ERROR_BODY_BYTES = 64 * 1024
 _JSON = {"Content-Type": "application/json"}
 _HEALTH_TIMEOUT = 2.0
+_CREDENTIALS_REFUSED = frozenset({401, 403, 407})
+_PASSED_ON = frozenset({400, 404, 413, 422})
+"""Refusals of the request itself, passed on with their status (others are a 502)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,29 +176,36 @@ class UpstreamEngine:
         arrival_time: float,
         priority: int = 0,
     ) -> AsyncGenerator[EngineStep, None]:
+        # `priority` is this gateway's own queue order (its keys' ranks and shares), not sent:
+        # an upstream orders its own queue, and vLLM's server refuses any priority but 0
+        # unless it schedules by priority (docs/upstream.md).
         path, body = request_body(self.model, prompt, options, options.max_tokens_given)
-        if priority:
-            body["priority"] = priority
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
+        last: _Failure | None = None
+        records = reads_records(prompt.chat)
         while True:
             index = self._balancer.pick(_affinity_key(prompt), tried)
             if index is None:
-                raise EngineUnavailableError("No upstream is available.")
+                # The try that failed last says why better than this would: its breaker
+                # may have opened, or its Retry-After taken it out, with nothing else left.
+                raise _unavailable(last)
             tried.add(index)
             upstream = self._upstreams[index]
             ticket = upstream.breaker.acquire()
             if ticket is None:  # its half-open trial is taken
                 if len(tried) == len(self._upstreams):
-                    raise EngineUnavailableError("No upstream is available.")
+                    raise _unavailable(last)
                 continue
-            exchange = _Exchange(upstream, ticket, StreamReader(choices=options.n))
+            reader = StreamReader(choices=options.n, records=records)
+            exchange = _Exchange(upstream, ticket, reader)
             try:
                 first = await self._open(exchange, path, content)
             except _TryFailed as failed:
                 await self._end(exchange)
+                last = failed.failure
                 delay = self._retry_delay(exchange.upstream, failed.failure, attempt, tried)
                 if delay is None:
                     raise failed.failure.error from None
@@ -209,6 +224,8 @@ class UpstreamEngine:
             # Output has begun: from here on, what fails ends the response.
             async with contextlib.aclosing(self._rest(exchange, first)) as steps:
                 async for step in steps:
+                    if attempt:
+                        step.retried = True
                     yield step
             return
 
@@ -247,13 +264,13 @@ class UpstreamEngine:
             )
             exchange.response = await upstream.client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            error: GatewayError = BadGatewayError(f"Could not connect to the upstream {label}.")
-            raise self._failed(exchange, "connect_error", error, retryable=True) from exc
+            error: GatewayError = BadGatewayError("Could not connect to the upstream server.")
+            raise self._failed(exchange, "connect_error", error, True, detail=exc) from exc
         except httpx.TimeoutException as exc:
             raise self._stalled(exchange) from exc
         except httpx.TransportError as exc:
-            error = BadGatewayError(f"The upstream {label} closed the connection.")
-            raise self._failed(exchange, "reset", error, retryable=True) from exc
+            error = BadGatewayError("The upstream server closed the connection.")
+            raise self._failed(exchange, "reset", error, True, detail=exc) from exc
         if exchange.response.status_code != 200:
             await self._refused(exchange, exchange.response)
         exchange.events = self._events(exchange.reader, exchange.response)
@@ -265,9 +282,9 @@ class UpstreamEngine:
             raise self._stalled(exchange) from exc
         except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
             reset = isinstance(exc, httpx.TransportError)
-            error = BadGatewayError(f"The upstream {label} failed before answering: {exc}")
+            error = BadGatewayError(f"The upstream server failed before answering: {exc}")
             raise self._failed(
-                exchange, "reset" if reset else "stream_error", error, retryable=reset
+                exchange, "reset" if reset else "stream_error", error, reset, detail=exc
             ) from exc
         metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
         return first
@@ -295,8 +312,9 @@ class UpstreamEngine:
         except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
             outcome = "stream_error"
             upstream.breaker.failure(ticket)
+            logger.info("upstream %s failed while answering: %r", upstream.label, exc)
             raise BadGatewayError(
-                f"The upstream {upstream.label} failed while answering: {exc}",
+                f"The upstream server failed while answering: {exc}",
                 code="upstream_stream_error",
             ) from exc
         finally:
@@ -345,7 +363,7 @@ class UpstreamEngine:
             if len(raw) > _ERROR_BODY_BYTES:
                 break
         message, param, code = error_fields(raw)
-        wait = retry_after(response.headers.get("retry-after"))
+        wait = retry_after(response.headers.get("retry-after"), self._config.retry.retry_after_max)
         label = upstream.label
         if status in RETRY_STATUSES:
             headers = {} if wait is None else {"retry-after": str(max(1, round(wait)))}
@@ -354,22 +372,29 @@ class UpstreamEngine:
                 error = RateLimitError(message or "The upstream is rate limiting.", headers=headers)
             elif status == 503:
                 error = EngineUnavailableError(
-                    message or f"The upstream {label} is unavailable.", headers=headers
+                    message or "The upstream server is unavailable.", headers=headers
                 )
             else:
-                error = BadGatewayError(message or f"The upstream {label} answered {status}.")
+                error = BadGatewayError(message or f"The upstream server answered {status}.")
             outcome = "rate_limited" if status == 429 else "server_error"
             raise self._failed(exchange, outcome, error, retryable=True, wait=wait)
         if status >= 500:
-            raise self._failed(
-                exchange,
-                "server_error",
-                BadGatewayError(message or f"The upstream {label} answered {status}."),
-                retryable=False,
+            error = BadGatewayError(message or f"The upstream server answered {status}.")
+            raise self._failed(exchange, "server_error", error, retryable=False)
+        if status in _CREDENTIALS_REFUSED:
+            # The gateway's credentials (UPSTREAM_API_KEY), not the client's: the client's
+            # key was taken already, and the upstream's words about ours are for the operator.
+            logger.warning(
+                "upstream %s refused the gateway's credentials (%d): %s", label, status, message
             )
+            error = BadGatewayError("The upstream server refused the gateway's credentials.")
+            raise self._failed(exchange, "auth_error", error, retryable=False)
         # The upstream works and refused the request: its words, its status.
         upstream.breaker.success(exchange.ticket)
         _count(label, "client_error")
+        if status not in _PASSED_ON:
+            logger.info("upstream %s answered %d: %s", label, status, message)
+            raise BadGatewayError(f"The upstream server refused the request ({status}).")
         refusal = error_for_status(status, message or f"The upstream answered {status}.")
         refusal.param, refusal.code = param, code or refusal.code
         raise refusal
@@ -378,9 +403,7 @@ class UpstreamEngine:
         """The upstream sent (or took) nothing within its read (or write) timeout, before any
         output: whether or not its headers came, the same failure, `timeout`. Tried again on
         another upstream, within the request's own deadline (`request_timeout`)."""
-        error = DeadlineExceededError(
-            f"The upstream {exchange.upstream.label} did not answer in time."
-        )
+        error = DeadlineExceededError("The upstream server did not answer in time.")
         return self._failed(exchange, "timeout", error, retryable=True, elsewhere=True)
 
     def _failed(
@@ -391,15 +414,19 @@ class UpstreamEngine:
         retryable: bool,
         wait: float | None = None,
         elsewhere: bool = False,
+        detail: Exception | None = None,
     ) -> _TryFailed:
+        """A failed try, counted; the upstream's label goes to the log, never to the client."""
         upstream = exchange.upstream
-        if outcome == "rate_limited":
+        rate_limited = outcome == "rate_limited"
+        if rate_limited:
             upstream.breaker.release(exchange.ticket)  # busy, not broken
         else:
             upstream.breaker.failure(exchange.ticket)
         _count(upstream.label, outcome)
+        logger.info("upstream %s: %s (%s)", upstream.label, error.message, detail or outcome)
         if wait is not None:
-            upstream.not_before = time.monotonic() + wait
+            upstream.hold_off(wait, rate_limited)
         return _TryFailed(_Failure(outcome, error, retryable, wait, elsewhere))
 
     def _retry_delay(
@@ -410,6 +437,8 @@ class UpstreamEngine:
         if not failure.retryable or attempt >= config.max_retries:
             return None
         others = self._balancer.pick(None, tried)
+        if others is None and failure.wait is None:
+            return None  # nothing to try on: not even after a wait it asked for
         alone = others is None or others in tried  # no upstream left that was not tried
         if alone and failure.elsewhere:
             return None
@@ -438,6 +467,7 @@ class UpstreamEngine:
             await asyncio.sleep(self._config.health_interval)
 
     async def _probe(self, upstream: Upstream) -> None:
+        sent = time.monotonic()
         try:
             response = await upstream.client.get(
                 upstream.origin() + self._config.health_path,
@@ -447,6 +477,8 @@ class UpstreamEngine:
         except httpx.HTTPError:
             answered = False
         upstream.failed_probes = 0 if answered else upstream.failed_probes + 1
+        if answered:
+            upstream.probe_answered(sent)
         healthy = answered or (
             upstream.healthy and upstream.failed_probes < self._config.health_failures
         )
@@ -533,6 +565,11 @@ def _local_tokenizer(name: str) -> PromptTokenizer:
 
 class UpstreamStartError(Exception):
     """Upstream mode cannot start; one line for the operator."""
+
+
+def _unavailable(last: _Failure | None) -> GatewayError:
+    """What a request gets when no upstream can take it: the error of its last try, if any."""
+    return EngineUnavailableError("No upstream is available.") if last is None else last.error
 
 
 def _count(label: str, outcome: str) -> None:

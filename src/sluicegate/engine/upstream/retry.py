@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import random
 from email.utils import parsedate_to_datetime
 
@@ -38,19 +39,23 @@ def backoff(config: RetryConfig, attempt: int, rng: random.Random) -> float:
     return rng.uniform(0, min(config.backoff_max, config.backoff * 2**attempt))
 
 
-def retry_after(value: str | None) -> float | None:
-    """A `Retry-After` header in seconds: a number of seconds or an HTTP date."""
+def retry_after(value: str | None, longest: float) -> float | None:
+    """A `Retry-After` header in seconds (a number of seconds or an HTTP date), at most
+    `longest`: an upstream's word is trusted within bounds, so `inf` or a date years ahead
+    cannot take it out of rotation for good. None when absent or not a number (NaN)."""
     if not value:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+    if math.isnan(seconds):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    return min(longest, max(0.0, seconds))

@@ -33,6 +33,8 @@ class Upstream:
         self.in_flight = 0
         self.not_before = 0.0
         """Monotonic time before which it asked not to be sent requests (Retry-After)."""
+        self._held_since = 0.0
+        self._rate_limited = False
         self._endpoints: dict[str, httpx.URL] = {}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
@@ -66,6 +68,21 @@ class Upstream:
         """The scheme and host, for paths outside /v1 (`/health`, `/tokenize`)."""
         parts = urlsplit(self.url)
         return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+    def hold_off(self, seconds: float, rate_limited: bool) -> None:
+        """Keep it out of the pick for `seconds`, as its `Retry-After` asked (already
+        clamped). A 429's wait is a rate limit, which only time lifts; a 503's says it
+        cannot serve now, which a later health probe answers afresh (`probe_answered`)."""
+        now = time.monotonic()
+        self.not_before = now + seconds
+        self._held_since = now
+        self._rate_limited = rate_limited
+
+    def probe_answered(self, sent_at: float) -> None:
+        """A health probe sent at `sent_at` was answered 200: a 503's wait that began
+        before it is over (a rate limit's is not)."""
+        if not self._rate_limited and self._held_since < sent_at:
+            self.not_before = 0.0
 
     def available(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now

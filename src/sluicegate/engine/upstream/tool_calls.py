@@ -4,7 +4,9 @@ The gateway renders tool calls from a choice's text, in the response format, so 
 hit renders the same calls as the run that made it (`wire.tool_calls`). An upstream sends
 its calls already parsed; they are written into the text as records, `RS json RS` (RS is
 U+001E, which JSON text never holds unescaped), and read back by `UpstreamToolParser`, the
-upstream engine's tool parser. Content holding an RS is itself sent as a record.
+upstream engine's tool parser. Content holding an RS is itself sent as a record. Records
+are written only where the parser reads them (`reads_records`): elsewhere content goes as
+it came, RS and all.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from typing import Any
 
 from sluicegate.engine.protocol import (
+    ChatPrompt,
     ParsedDelta,
     ParsedToolCall,
     ParsedToolCalls,
@@ -21,6 +24,14 @@ from sluicegate.engine.protocol import (
 )
 
 RS = "\x1e"
+
+
+def reads_records(chat: ChatPrompt | None) -> bool:
+    """Whether the gateway reads this run's text with `UpstreamToolParser`: a chat offering
+    tools with a `tool_choice` other than none (`wire.tool_calls.tool_stream`, with a parser
+    that `reads_forced`). Only then may the text hold records; otherwise nothing would
+    unwrap them, and the client would get them as they are."""
+    return chat is not None and bool(chat.tools) and chat.tool_choice != "none"
 
 
 def encode_content(text: str) -> str:

@@ -159,9 +159,13 @@ class StreamReader:
 
     Each content piece counts as one token (servers stream one token per event); the
     finishing deltas are held until the usage arrives, to settle the count on what the
-    upstream reports. Tool calls are carried as text (`tool_calls`)."""
+    upstream reports. With `records` (the gateway reads the text with the upstream tool
+    parser, `tool_calls.reads_records`), tool calls are carried as records in the text and
+    content holding a record's separator as a record too; without, content goes as it came,
+    and calls (which the upstream was not asked for) are dropped: nothing would read them."""
 
     choices: int
+    records: bool = False
     counted: dict[int, int] = field(default_factory=dict)
     held: list[ChoiceDelta] = field(default_factory=list)
     usage: Usage | None = None
@@ -219,7 +223,7 @@ class StreamReader:
     def _deltas(self, choices: Any) -> Iterator[ChoiceDelta]:
         for choice in choices:
             index = int(choice.get("index") or 0)
-            text = _choice_text(choice)
+            text = _choice_text(choice, self.records)
             reason = choice.get("finish_reason")
             logprobs = _logprobs(choice.get("logprobs"))
             tokens = 1 if text or logprobs else 0
@@ -235,12 +239,14 @@ class StreamReader:
             self.held.append(delta)
 
 
-def _choice_text(choice: Mapping[str, Any]) -> str:
+def _choice_text(choice: Mapping[str, Any], records: bool) -> str:
     if "text" in choice:  # completions
         return str(choice.get("text") or "")
     delta = choice.get("delta") or {}
-    parts = []
     content = delta.get("content")
+    if not records:
+        return str(content or "")
+    parts = []
     if content:
         parts.append(encode_content(content))
     for call in delta.get("tool_calls") or ():

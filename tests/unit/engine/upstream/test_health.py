@@ -4,6 +4,8 @@ success puts it back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 
 from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig, UpstreamConfig
@@ -24,17 +26,21 @@ class FakeUpstreamHealth:
         return httpx.Response(status, json={"data": []})
 
 
-async def test_an_upstream_is_taken_out_after_failures_in_a_row_and_back_after_one_success() -> (
-    None
-):
-    fake = FakeUpstreamHealth()
-    upstream = Upstream(
+def _upstream(handler: Callable[[httpx.Request], httpx.Response]) -> Upstream:
+    return Upstream(
         "http://10.0.0.1:8000/v1",
         1.0,
         PoolConfig(),
         BreakerConfig(),
-        transport=httpx.MockTransport(fake.handler),
+        transport=httpx.MockTransport(handler),
     )
+
+
+async def test_an_upstream_is_taken_out_after_failures_in_a_row_and_back_after_one_success() -> (
+    None
+):
+    fake = FakeUpstreamHealth()
+    upstream = _upstream(fake.handler)
     config = UpstreamConfig(urls=((upstream.url, 1.0),), health_failures=3)
     engine = UpstreamEngine(config, [upstream], "model", 2048)
     seen = []
@@ -46,4 +52,36 @@ async def test_an_upstream_is_taken_out_after_failures_in_a_row_and_back_after_o
     # third, still out at the fourth, back at the first success.
     assert seen == [True, True, True, True, True, True, False, False, True]
     await engine.check_health()
+    await upstream.close()
+
+
+async def test_a_good_probe_ends_a_503s_wait_but_not_a_429s() -> None:
+    fake = FakeUpstreamHealth()
+    upstream = _upstream(fake.handler)
+    engine = UpstreamEngine(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream], "m", 2048)
+    upstream.hold_off(60, rate_limited=False)  # a 503's Retry-After
+    fake.statuses = [503]
+    await engine._probe(upstream)
+    assert not upstream.available()  # a failed probe tells nothing new
+    fake.statuses = [200]
+    await engine._probe(upstream)
+    assert upstream.available()
+    upstream.hold_off(60, rate_limited=True)  # a 429's: a rate limit, only time lifts it
+    fake.statuses = [200]
+    await engine._probe(upstream)
+    assert not upstream.available()
+    await upstream.close()
+
+
+async def test_a_probe_sent_before_the_503_came_does_not_end_its_wait() -> None:
+    upstream: Upstream
+
+    def answer_after_a_503(request: httpx.Request) -> httpx.Response:
+        upstream.hold_off(60, rate_limited=False)  # the 503 came while the probe was out
+        return httpx.Response(200, json={"data": []})
+
+    upstream = _upstream(answer_after_a_503)
+    engine = UpstreamEngine(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream], "m", 2048)
+    await engine._probe(upstream)
+    assert not upstream.available()
     await upstream.close()

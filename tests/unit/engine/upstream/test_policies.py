@@ -128,9 +128,17 @@ def test_backoff_is_exponential_with_full_jitter() -> None:
 
 
 def test_retry_after_reads_seconds_and_dates() -> None:
-    assert retry_after("3") == 3.0
-    assert retry_after(None) is None and retry_after("soon") is None
-    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    assert retry_after("3", 60) == 3.0
+    assert retry_after(None, 60) is None and retry_after("soon", 60) is None
+    assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 60) == 0.0  # in the past
+
+
+def test_retry_after_is_finite_and_at_most_its_bound() -> None:
+    for endless in ("inf", "Infinity", "1e9", "1e400", "Fri, 31 Dec 9999 23:59:59 GMT"):
+        assert retry_after(endless, 60) == 60.0, endless
+    assert retry_after("-inf", 60) == 0.0
+    assert retry_after("nan", 60) is None
+    assert retry_after("30", 5.5) == 5.5
 
 
 def _upstreams(*weights: float) -> list[Upstream]:

@@ -79,3 +79,28 @@ async def test_the_last_piece_and_the_end_together_do_not_hang() -> None:
         return got
 
     assert b"".join(await asyncio.wait_for(consume(), 2)) == b"ab"
+
+
+async def test_the_reading_waits_while_its_limit_is_held_and_loses_nothing() -> None:
+    pulled = 0
+
+    async def endless() -> AsyncGenerator[bytes, None]:
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield b"%09d," % pulled
+            await asyncio.sleep(0)
+
+    pieces = coalesced(endless(), limit=100)  # ten chunks of 10 bytes
+    got = [await anext(pieces)]
+    for _ in range(3):
+        await asyncio.sleep(0.02)  # a slow consumer: an unbounded reader reads on
+        before = pulled
+        await asyncio.sleep(0.02)
+        assert pulled == before  # back-pressure: stopped, not dropping
+        piece = await anext(pieces)
+        assert 100 <= len(piece) <= 100 + 10  # the limit, and the chunk that reached it
+        got.append(piece)
+    await pieces.aclose()
+    numbers = [int(n) for n in b"".join(got).split(b",") if n]
+    assert numbers == list(range(1, len(numbers) + 1))

@@ -6,9 +6,11 @@ import json
 
 from sluicegate.engine.protocol import ChatPrompt, Prompt, SamplingOptions, StructuredOutput
 from sluicegate.engine.upstream.tool_calls import (
+    RS,
     UpstreamToolParser,
     encode_call_fragment,
     encode_content,
+    reads_records,
 )
 from sluicegate.engine.upstream.wire import StreamReader, request_body
 from sluicegate.wire.tool_calls import whole_calls
@@ -91,7 +93,7 @@ def test_the_finish_is_held_until_the_usage_settles_the_count() -> None:
 
 
 def test_streamed_tool_calls_become_the_same_calls_as_the_whole_text() -> None:
-    reader = StreamReader(choices=1)
+    reader = StreamReader(choices=1, records=True)
     call = {"index": 0, "id": "x", "function": {"name": "get", "arguments": '{"ci'}}
     more = {"index": 0, "function": {"arguments": 'ty": "Paris"}'}}
     texts = []
@@ -115,6 +117,21 @@ def test_records_split_anywhere_still_parse_and_content_keeps_its_separators() -
         content = (first.content or "") + (second.content or "")
         assert content == "a\x1eb"
         assert [c.name for c in first.calls + second.calls] == ["f"]
+
+
+def test_records_are_written_only_where_the_upstream_tool_parser_reads_them() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    tools = ({"type": "function", "function": {"name": "get"}},)
+    assert not reads_records(None)  # a completion
+    assert not reads_records(ChatPrompt(messages))
+    assert not reads_records(ChatPrompt(messages, tools, "none"))
+    assert reads_records(ChatPrompt(messages, tools, "auto"))
+    assert reads_records(ChatPrompt(messages, tools, {"type": "function", "function": {}}))
+    content = f"a{RS}b{RS}c"
+    plain = StreamReader(choices=1).feed(_chunk(content))
+    assert plain is not None and plain.choices[0].text == content  # as it came
+    recorded = StreamReader(choices=1, records=True).feed(_chunk(content))
+    assert recorded is not None and recorded.choices[0].text == encode_content(content)
 
 
 def test_events_of_one_read_become_one_step_per_choice() -> None:

@@ -1,0 +1,107 @@
+"""`UpstreamEngine.generate` over a fake upstream (httpx's mock transport): which steps are
+flagged as retried, and which error a request gets when its retry has nowhere to go."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from sluicegate.engine.protocol import ChatPrompt, EngineStep, Prompt, SamplingOptions
+from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig, RetryConfig, UpstreamConfig
+from sluicegate.engine.upstream.engine import UpstreamEngine
+from sluicegate.engine.upstream.server import Upstream
+from sluicegate.errors import BadGatewayError
+
+PROMPT = Prompt([], chat=ChatPrompt([{"role": "user", "content": "hi"}]))
+OPTIONS = SamplingOptions(max_tokens=4)
+
+
+def _sse(*events: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + (
+        b"data: [DONE]\n\n"
+    )
+
+
+ANSWER = _sse(
+    {"choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": " there"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+)
+
+
+class FakeUpstreamCompletions:
+    """Answers each completion request with the next of `statuses` (200: `ANSWER`
+    streamed, in one piece per event; 0: the connection is refused)."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = list(statuses)
+        self.requests = 0
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        status = self.statuses.pop(0)
+        if status == 0:
+            raise httpx.ConnectError("refused", request=request)
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": f"injected {status}"}})
+        return httpx.Response(200, content=ANSWER)
+
+
+def _engine(fake: FakeUpstreamCompletions, failures: int = 5) -> UpstreamEngine:
+    upstream = Upstream(
+        "http://10.0.0.1:8000/v1",
+        1.0,
+        PoolConfig(),
+        BreakerConfig(failures=failures),
+        transport=httpx.MockTransport(fake.handler),
+    )
+    config = UpstreamConfig(
+        urls=((upstream.url, 1.0),), retry=RetryConfig(backoff=0.001, backoff_max=0.01)
+    )
+    return UpstreamEngine(config, [upstream], "model", 2048)
+
+
+async def _steps(engine: UpstreamEngine) -> list[EngineStep]:
+    return [s async for s in engine.generate("r", PROMPT, OPTIONS, arrival_time=0.0)]
+
+
+async def test_the_steps_of_a_retried_run_are_flagged_and_no_others() -> None:
+    fake = FakeUpstreamCompletions(503, 200, 200)
+    engine = _engine(fake)
+    retried = await _steps(engine)
+    assert fake.requests == 2
+    assert "".join(c.text for s in retried for c in s.choices) == "Hello there"
+    assert retried and all(s.retried for s in retried)
+    first_time = await _steps(engine)
+    assert first_time and not any(s.retried for s in first_time)
+    await engine.shutdown()
+
+
+async def test_a_retry_with_nowhere_to_go_gets_the_failure_not_no_upstream_available() -> None:
+    # One upstream; its first failure opens its breaker, so the retry finds none available.
+    fake = FakeUpstreamCompletions(0)
+    engine = _engine(fake, failures=1)
+    with pytest.raises(BadGatewayError) as caught:
+        await _steps(engine)
+    assert caught.value.message == "Could not connect to the upstream server."
+    assert fake.requests == 1
+    await engine.shutdown()
+
+
+async def test_the_start_up_error_names_the_upstreams_without_their_credentials() -> None:
+    from sluicegate.engine.upstream.engine import UpstreamStartError, _discover
+
+    upstream = Upstream(
+        "http://admin:hunter2@10.0.0.1:8000/v1",
+        1.0,
+        PoolConfig(),
+        BreakerConfig(),
+        transport=httpx.MockTransport(lambda request: httpx.Response(503)),
+    )
+    with pytest.raises(UpstreamStartError) as caught:
+        await _discover([upstream], wait=0)
+    assert "10.0.0.1:8000" in str(caught.value) and "hunter2" not in str(caught.value)
+    await upstream.close()
