@@ -93,7 +93,9 @@ def create_app(
             )
             lag_watch = asyncio.create_task(watch_loop_lag())
             stack.callback(lag_watch.cancel)
-            processes = ProcessOffload()
+            processes = ProcessOffload(
+                settings.max_large_body_parses, settings.max_large_body_parses_per_key
+            )
             stack.callback(processes.shutdown)
             service = CompletionService(
                 engine,

@@ -47,15 +47,52 @@ offload = Offload()
 """The process's pool for input-sized work that has no pool of its own."""
 
 
+class QueueFullError(Exception):
+    """`ProcessOffload` holds as many calls as it may, in all (`mine` False) or of the
+    caller's owner (`mine`)."""
+
+    def __init__(self, waiting: int, mine: bool) -> None:
+        super().__init__(f"{waiting} calls wait for the worker process")
+        self.waiting = waiting
+        self.mine = mine
+
+
 class ProcessOffload:
     """One worker process, made on first use, for work that holds the GIL for long: the
     calls wait their turn in it, so at most one runs at a time. `fn` and its arguments must
-    pickle. A worker that died (killed, out of memory) is replaced for the next call."""
+    pickle. A worker that died (killed, out of memory) is replaced for the next call.
 
-    def __init__(self) -> None:
+    The calls held (running or waiting) are bounded, `max_calls` in all and
+    `max_calls_per_owner` of one owner (an API key): past either, `run` raises
+    `QueueFullError` at once, so one owner's backlog neither grows without end nor fills
+    the queue the others wait in."""
+
+    def __init__(self, max_calls: int = 16, max_calls_per_owner: int = 4) -> None:
         self._executor: ProcessPoolExecutor | None = None
+        self._max_calls = max_calls
+        self._max_per_owner = max_calls_per_owner
+        self._calls = 0
+        self._by_owner: dict[str, int] = {}
 
-    async def run(self, fn: Callable[..., R], *args: object) -> R:
+    async def run(self, fn: Callable[..., R], *args: object, owner: str = "") -> R:
+        held = self._by_owner.get(owner, 0)
+        if held >= self._max_per_owner:
+            raise QueueFullError(held, mine=True)
+        if self._calls >= self._max_calls:
+            raise QueueFullError(self._calls, mine=False)
+        self._calls += 1
+        self._by_owner[owner] = held + 1
+        try:
+            return await self._run(fn, *args)
+        finally:
+            self._calls -= 1
+            left = self._by_owner[owner] - 1
+            if left:
+                self._by_owner[owner] = left
+            else:
+                del self._by_owner[owner]
+
+    async def _run(self, fn: Callable[..., R], *args: object) -> R:
         if self._executor is None:
             # spawn, as vLLM's engine core is started: a fork of a process with threads and
             # an event loop is not safe.

@@ -516,6 +516,19 @@ class Settings(BaseSettings):
     request_body_timeout: float = Field(
         default=30.0, gt=0, description="Seconds the request body may take to arrive (408)."
     )
+    max_large_body_parses: int = Field(
+        default=16,
+        ge=1,
+        description="Request bodies over 128 KiB that may be held at once for the one parse "
+        "process (parsing and waiting their turn); more are refused with a 503 `overloaded`.",
+    )
+    max_large_body_parses_per_key: int = Field(
+        default=4,
+        ge=1,
+        description="Of `max_large_body_parses`, how many one API key may hold; more get a "
+        "429 `concurrency_limit_exceeded`, so one key's large bodies do not hold up the "
+        "others'.",
+    )
     request_timeout: float = Field(
         default=600.0, gt=0, description="Seconds one request, streamed or not, may take (504)."
     )

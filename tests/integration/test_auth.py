@@ -1,8 +1,10 @@
-"""API keys over real HTTP, on a gateway started with keys."""
+"""API keys over real HTTP, on a gateway started with keys: who gets in, and that a key over
+its limits is refused before any work is done on its request."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,12 +14,15 @@ import httpx
 import openai
 import pytest
 
+from sluicegate.keys import ApiKeyring
 from tests.integration.server import MODEL_NAME, GatewayProcess, gateway_env, start_gateway
 
 KEY = "sk-integration-7f3a9c"
 ROTATED = "sk-next-2b8e41"
 HASHED = "sk-hash#4d1c9e"  # `#` inside a key is part of it
 EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+LIMITED = "sk-limited-5e21"  # two requests per minute
+LIMITED_RPM = 2
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +31,18 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     keys = folder / "keys"
     keys.write_text(
         f"# team a\n{KEY}\n  # rotated in March\n"
-        f"sha256:{hashlib.sha256(ROTATED.encode()).hexdigest()}\n{HASHED}\n"
+        f"sha256:{hashlib.sha256(ROTATED.encode()).hexdigest()}\n{HASHED}\n{LIMITED}\n"
     )
-    gateway = start_gateway(folder, env={"SLUICEGATE_API_KEYS": f"@{keys}"})
+    limited_id = ApiKeyring.parse(LIMITED).identify(LIMITED)
+    env = {
+        "SLUICEGATE_API_KEYS": f"@{keys}",
+        "SLUICEGATE_RATE_LIMIT_OVERRIDES": json.dumps(
+            {limited_id: {"requests_per_minute": LIMITED_RPM}}
+        ),
+        # One sequence in flight per key: a key holding it is easy to make.
+        "SLUICEGATE_MAX_SEQUENCES_PER_KEY": "1",
+    }
+    gateway = start_gateway(folder, env=env)
     yield gateway
     gateway.stop()
 
@@ -92,3 +106,81 @@ def test_the_digest_of_the_empty_string_stops_start_up(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("sluicegate: invalid setting SLUICEGATE_API_KEYS:")
         assert "empty string" in done.stderr and KEY not in done.stderr
+
+
+def test_a_key_over_its_request_rate_is_refused_before_its_body_is_read(
+    keyed: GatewayProcess,
+) -> None:
+    auth = {"authorization": f"Bearer {LIMITED}"}
+    with httpx.Client(base_url=keyed.url, headers=auth, timeout=60) as client:
+        # /tokenize counts against the rate too, as the first of the two.
+        assert client.post("/tokenize", json={"prompt": "Hi"}).status_code == 200
+        ok = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 1,
+            },
+        )
+        assert ok.status_code == 200
+        assert ok.headers["x-ratelimit-remaining-requests"] == "0"
+        # Over the limit, a body that is not even valid gets the 429, not its 400: the
+        # rate was checked before the body was parsed. So does a large one (the parse
+        # process) and a continuation of a stored response that does not exist.
+        large = "word " * 60_000  # 300 kB: over the bound for parsing in process
+        for path, body in (
+            ("/v1/chat/completions", {"model": MODEL_NAME, "messages": "not a list"}),
+            (
+                "/v1/chat/completions",
+                {"model": MODEL_NAME, "messages": [{"role": "user", "content": large}]},
+            ),
+            (
+                "/v1/responses",
+                {"model": MODEL_NAME, "input": "Hi", "previous_response_id": "resp_none"},
+            ),
+            ("/detokenize", {"tokens": [1, 2, 3]}),
+        ):
+            refused = client.post(path, json=body)
+            assert refused.status_code == 429, (path, refused.text)
+            error = refused.json()["error"]
+            assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+            assert int(refused.headers["retry-after"]) >= 1
+
+
+def test_a_key_holding_its_share_is_refused_before_its_request_is_prepared(
+    keyed: GatewayProcess,
+) -> None:
+    auth = {"authorization": f"Bearer {KEY}"}
+    long_stream = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=keyed.url, headers=auth, timeout=120) as client,
+        client.stream("POST", "/v1/chat/completions", json=long_stream) as stream,
+    ):
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        # The key's one sequence is taken: a continuation of a response that does not
+        # exist is refused for the share (429), before the store is read (400).
+        refused = client.post(
+            "/v1/responses",
+            json={"model": MODEL_NAME, "input": "Hi", "previous_response_id": "resp_none"},
+        )
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "concurrency_limit_exceeded"
+        # Tokenizing runs no sequence: not refused for the share.
+        assert client.post("/tokenize", json={"prompt": "Hi"}).status_code == 200
+        # Another key is not held back by this one's share.
+        other = httpx.post(
+            keyed.url + "/v1/responses",
+            headers={"authorization": f"Bearer {HASHED}"},
+            json={"model": MODEL_NAME, "input": "Hi", "previous_response_id": "resp_none"},
+            timeout=60,
+        )
+        assert other.status_code == 400
+        assert other.json()["error"]["code"] == "previous_response_not_found"

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from sluicegate.api.deps import StateDep
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.cache.response_cache import Lookup
-from sluicegate.http.asgi import api_key_id
+from sluicegate.http.asgi import api_key_id, counted
 from sluicegate.http.cache_hits import body_fingerprint, cache_control
 from sluicegate.http.disconnect import until_disconnect
 from sluicegate.http.sse import open_event_stream
@@ -118,10 +118,10 @@ class Exchange:
             max_tokens=run.options.max_tokens,
             param=run.sequences_param,
             priority=run.priority,
+            counted=counted(self.request.scope),
         )
         self.headers.update(self.reservation.headers)
-        if self.reservation.priority != run.priority:
-            self.run = dataclasses.replace(run, priority=self.reservation.priority)
+        self.run = dataclasses.replace(run, priority=self.reservation.priority, key_id=self.key_id)
         if run.budget is not None:
             self.headers.update(run.budget.headers())
 

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from sluicegate.api.deps import StateDep
-from sluicegate.api.route import LargeBodyRoute
+from sluicegate.api.route import CountedRoute
 from sluicegate.inference.tokenization import TokenizationService
 from sluicegate.wire.tokenize import DetokenizeRequest, TokenizeRequest
 
-router = APIRouter(tags=["tokenize"], route_class=LargeBodyRoute)
+router = APIRouter(tags=["tokenize"], route_class=CountedRoute)
 
 
 async def get_tokenization(state: StateDep) -> TokenizationService:

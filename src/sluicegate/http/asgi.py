@@ -10,6 +10,7 @@ from starlette.types import Message, Receive, Scope
 from sluicegate.keys import ANONYMOUS
 
 _API_KEY_ID = "api_key_id"
+_COUNTED = "request_counted"
 BODY_RECEIVED = "sluicegate.body_received"
 """The scope extension `http.connection` sets when a request's whole body had arrived
 before the app began: reading it then cannot wait, and needs no timer."""
@@ -35,6 +36,17 @@ def api_key_id(scope: Scope) -> str:
 
 def set_api_key_id(scope: Scope, key_id: str) -> None:
     scope.setdefault("state", {})[_API_KEY_ID] = key_id
+
+
+def mark_counted(scope: Scope) -> None:
+    """The request has been counted against its key's requests per minute
+    (`Quotas.enter`): admitting it later counts its tokens only."""
+    scope.setdefault("state", {})[_COUNTED] = True
+
+
+def counted(scope: Scope) -> bool:
+    state: dict[str, Any] = scope.get("state") or {}
+    return bool(state.get(_COUNTED, False))
 
 
 def body_received(scope: Scope) -> bool:

@@ -12,6 +12,14 @@ as much as the operator allows:
 - `max_kv_cache_usage`: when the KV cache fills, vLLM preempts running requests (their work
   is recomputed later), so new prompts are better refused just before that.
 
+The waiting and running bounds count only what a new request would wait behind, and refuse
+the key that holds it first, as the TTFT objective does (`prefill_queue.Backlog`): of the
+requests waiting in the engine, those of its engine priority or lower (vLLM's scheduler says
+only how many wait, so the gateway's own runs waiting for a first token tell which: at most
+those ahead of it, plus any the gateway does not know of); a key holding at least its even
+part of them is refused at the bound, another only past `NOT_HOLDER_SLACK` times it. The KV
+cache bound is the engine's as a whole: preemption does not look at keys.
+
 The refusal is a 503 `overloaded` with a `Retry-After` of how long the engine takes to start
 what waits (the prefill queue's drain time), at least a second. Where the engine's state is
 not known (an upstream) nothing is refused here.
@@ -23,7 +31,7 @@ from dataclasses import dataclass
 
 from sluicegate.engine.protocol import EngineLoad
 from sluicegate.errors import OverloadedError
-from sluicegate.inference.prefill_queue import retry_after
+from sluicegate.inference.prefill_queue import Backlog, retry_after, slack
 from sluicegate.observability import metrics
 
 
@@ -42,21 +50,33 @@ class LoadLimits:
             or self.max_kv_cache_usage is not None
         )
 
-    def check(self, load: EngineLoad | None, drain_seconds: float | None) -> None:
-        """Raise `OverloadedError` if `load` is at a bound; `drain_seconds` gives Retry-After."""
+    def check(
+        self,
+        load: EngineLoad | None,
+        drain_seconds: float | None,
+        backlog: Backlog | None = None,
+    ) -> None:
+        """Raise `OverloadedError` if `load` is at a bound for a request that would wait
+        behind `backlog` (everything waiting when None); `drain_seconds` gives Retry-After."""
         if load is None:
             return
-        if self.max_waiting is not None and load.waiting >= self.max_waiting:
+        if backlog is None:
+            backlog = Backlog(runs=load.waiting, own_runs=load.waiting, all_runs=load.waiting)
+        # The engine's waiting requests ahead: at most the gateway's runs ahead, plus those
+        # it does not know of.
+        waiting = min(load.waiting, backlog.runs) + max(0, load.waiting - backlog.all_runs)
+        holds = backlog.holds_runs
+        if self.max_waiting is not None and waiting >= slack(self.max_waiting, holds):
             _refuse(
                 "engine_waiting",
-                f"{load.waiting} requests are waiting for the engine (at most "
+                f"{waiting} requests are waiting for the engine ahead of this one (at most "
                 f"{self.max_waiting} may).",
                 drain_seconds,
             )
         # What waits joins the batch at the next step if there is room: the batch a new
         # request would make is at least the lesser of the two (and MAX_NUM_SEQS caps it).
-        batch = load.running + load.waiting
-        if self.max_running is not None and batch >= self.max_running:
+        batch = load.running + waiting
+        if self.max_running is not None and batch >= slack(self.max_running, holds):
             _refuse(
                 "engine_running",
                 f"the engine runs or is about to run {batch} requests (at most "

@@ -23,12 +23,24 @@ rate to go by.
 
 The estimate cannot latch shut. It learns only from runs it admitted, so a refusal teaches it
 nothing; one first token far later than foretold could otherwise push it past the objective
-for good (86,400 refusals in a simulated day). Three things undo that: the learnt lateness
+for good (86,400 refusals in a simulated day). Four things undo that: the learnt lateness
 halves every `lateness_half_life` seconds that pass, and is never more than `lateness_cap` of
-the objective; with nothing waiting, a run is admitted whatever the estimate says at least
-every `trickle` seconds, so there are always fresh departures to learn from; and runs whose
+the objective; departures older than `rate_age` no longer count towards the rate (with too
+few left, the estimate is cold again and admits all); with nothing waiting, a run is
+admitted whatever the estimate says at least every `trickle` seconds, so there are always
+fresh departures to learn from; and runs whose
 first token waits on something the forecast does not model (a grammar compiled for
 structured outputs, 1.5 to 2 s on a new schema) teach it nothing (`learns=False`).
+
+A run waits only behind the runs the engine takes before it: with priority scheduling
+(vLLM runs lower values first, ties by arrival) those of its own engine priority and lower
+(`Backlog`), so a higher-ranked key is not refused for a lower one's queue it jumps; first
+come, first served, that is every run waiting. And the key that holds the backlog is
+refused before the others: a key whose runs are at least its even part of the backlog ahead
+(its tokens × the keys waiting >= the tokens ahead) is refused past the objective; another
+key's run only past `NOT_HOLDER_SLACK` times it. So one key's flood stops at the objective,
+and the room above it is the other keys'; their first tokens may then come up to that much
+later than the objective, which is better than not at all.
 
 The estimate covers this gateway's own runs, which are all of the engine's
 work in-process; an engine shared with others (an upstream) may be busier than it shows.
@@ -46,6 +58,8 @@ from sluicegate.errors import OverloadedError
 from sluicegate.observability import metrics
 
 MAX_RETRY_AFTER_S = 60
+NOT_HOLDER_SLACK = 1.5
+"""A key that does not hold the backlog is refused only past this times a bound."""
 
 
 def retry_after(seconds: float | None) -> int:
@@ -70,12 +84,46 @@ class QueueConfig:
     trickle: float = 1.0
     """With nothing waiting, a run is admitted at least this often (seconds), even when the
     estimate is past the objective."""
+    rate_age: float = 300.0
+    """Seconds of wall time after which a departure no longer counts towards the rate: an
+    engine measured slow (or fast) long ago is measured anew."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits for its first token ahead of a new run (of its engine priority or lower),
+    and how much of it is the run's own key's."""
+
+    tokens: int = 0
+    runs: int = 0
+    own_tokens: int = 0
+    own_runs: int = 0
+    keys: int = 1
+    """Keys with runs ahead, the new run's own counted."""
+    all_runs: int = 0
+    """Runs waiting, whatever their priority."""
+
+    @property
+    def holds_tokens(self) -> bool:
+        """Whether the key holds at least its even part of the tokens ahead."""
+        return self.own_tokens * self.keys >= self.tokens
+
+    @property
+    def holds_runs(self) -> bool:
+        """Whether the key holds at least its even part of the runs ahead."""
+        return self.own_runs * self.keys >= self.runs
+
+
+def slack(bound: float, holds: bool) -> float:
+    """The bound a run is refused past: `bound` for the key holding the backlog, more for
+    the others (`NOT_HOLDER_SLACK`)."""
+    return bound if holds else bound * NOT_HOLDER_SLACK
 
 
 class QueueTicket:
     """A run's place in the queue, until its first token (`started`) or its end (`close`)."""
 
-    __slots__ = ("_open", "_queue", "entered", "learns", "predicted", "tokens")
+    __slots__ = ("_open", "_queue", "entered", "key", "learns", "predicted", "priority", "tokens")
 
     def __init__(
         self,
@@ -84,8 +132,12 @@ class QueueTicket:
         entered: float,
         predicted: float | None,
         learns: bool = True,
+        priority: int = 0,
+        key: str = "",
     ) -> None:
         self._queue = queue
+        self.priority = priority
+        self.key = key
         self.tokens = tokens
         self.entered = entered
         self.predicted = predicted
@@ -114,9 +166,11 @@ class PrefillQueue:
         self.waiting = 0
         self.tokens = 0
         """Prompt tokens of the runs waiting for their first token."""
+        self._tickets: set[QueueTicket] = set()
         self._busy_since: float | None = None
-        self._samples: deque[tuple[float, int]] = deque()
-        """(seconds with runs waiting, tokens drained) since the last departure, per departure."""
+        self._samples: deque[tuple[float, float, int]] = deque()
+        """(when, seconds with runs waiting, tokens drained) since the last departure, per
+        departure."""
         self._busy = 0.0
         self._drained = 0
         self._lateness = 0.0
@@ -137,37 +191,64 @@ class PrefillQueue:
     def rate(self) -> float | None:
         """Prompt tokens that reach their first token per second while runs wait, or None
         before there are enough departures to tell."""
+        self._forget_old()
         # No tokens drained yet (runs with unknown prompt sizes, or none that reached a first
         # token): no rate to go by.
         if len(self._samples) < self._config.min_samples or self._busy <= 0 or self._drained <= 0:
             return None
         return self._drained / self._busy
 
-    def expected_wait(self, tokens: int, in_step: float = 0.0) -> float | None:
+    def backlog(self, priority: int = 0, key: str = "") -> Backlog:
+        """What a new run of engine `priority` for `key` would wait behind."""
+        tokens = runs = own_tokens = own_runs = 0
+        keys = {key}
+        for ticket in self._tickets:
+            if ticket.priority <= priority:
+                tokens += ticket.tokens
+                runs += 1
+                keys.add(ticket.key)
+                if ticket.key == key:
+                    own_tokens += ticket.tokens
+                    own_runs += 1
+        return Backlog(tokens, runs, own_tokens, own_runs, len(keys), len(self._tickets))
+
+    def expected_wait(
+        self, tokens: int, in_step: float = 0.0, ahead: int | None = None
+    ) -> float | None:
         """Seconds until a new run of `tokens` prompt tokens would have its first token,
-        handed to an engine `in_step` seconds from the end of the step it is in."""
-        drained = self._drained_in(tokens)
+        handed to an engine `in_step` seconds from the end of the step it is in, behind
+        `ahead` tokens (all that wait when None)."""
+        drained = self._drained_in(tokens, ahead)
         return None if drained is None else in_step + drained + self.lateness
 
     def drain_seconds(self) -> float | None:
         """Seconds until the runs waiting now have their first tokens (None: not known)."""
         return self._drained_in(0)
 
-    def _drained_in(self, tokens: int) -> float | None:
+    def _drained_in(self, tokens: int, ahead: int | None = None) -> float | None:
         rate = self.rate()
-        return None if rate is None else (self.tokens + tokens) / rate
+        ahead = self.tokens if ahead is None else ahead
+        return None if rate is None else (ahead + tokens) / rate
 
     def enter(
-        self, tokens: int, elapsed: float = 0.0, in_step: float = 0.0, learns: bool = True
+        self,
+        tokens: int,
+        elapsed: float = 0.0,
+        in_step: float = 0.0,
+        learns: bool = True,
+        priority: int = 0,
+        key: str = "",
     ) -> QueueTicket:
         """Join the queue, or raise `OverloadedError` when the run, `elapsed` seconds after
         its arrival and `in_step` seconds from the end of the engine's current step, would
-        miss the objective (unless it is the idle queue's trickle)."""
+        miss the objective (past its slack when its key does not hold the backlog; unless
+        it is the idle queue's trickle)."""
         objective = self._config.objective
-        wait = self.expected_wait(tokens, in_step)
+        backlog = self.backlog(priority, key)
+        wait = self.expected_wait(tokens, in_step, backlog.tokens)
         if objective is not None and wait is not None and not self._trickles():
             expected = elapsed + wait
-            if expected > objective:
+            if expected > slack(objective, backlog.holds_tokens):
                 metrics.ADMISSION_REFUSED.labels("ttft_objective").inc()
                 retry = retry_after(expected - objective)
                 raise OverloadedError(
@@ -177,7 +258,7 @@ class PrefillQueue:
                     headers={"retry-after": str(retry)},
                 )
         now = self._clock()
-        drained = self._drained_in(tokens)
+        drained = self._drained_in(tokens, backlog.tokens)
         predicted = None if drained is None else in_step + drained
         if self.waiting == 0:
             self._busy_since = now
@@ -185,7 +266,9 @@ class PrefillQueue:
         self.tokens += tokens
         self._last_admitted = now
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
-        return QueueTicket(self, tokens, now, predicted, learns)
+        ticket = QueueTicket(self, tokens, now, predicted, learns, priority, key)
+        self._tickets.add(ticket)
+        return ticket
 
     def _trickles(self) -> bool:
         """Whether nothing waits and no run was admitted for `trickle` seconds: then one is,
@@ -195,6 +278,7 @@ class PrefillQueue:
 
     def _leave(self, ticket: QueueTicket, drained: bool) -> None:
         now = self._clock()
+        self._tickets.discard(ticket)
         self.waiting -= 1
         self.tokens -= ticket.tokens
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
@@ -218,14 +302,24 @@ class PrefillQueue:
 
     def _add(self, busy: float, tokens: int) -> None:
         samples = self._samples
-        samples.append((busy, tokens))
+        samples.append((self._clock(), busy, tokens))
         self._busy += busy
         self._drained += tokens
         # Keep the last `window` seconds of busy time (and at least min_samples departures).
-        while len(samples) > self._config.min_samples and self._busy - samples[0][0] >= (
+        while len(samples) > self._config.min_samples and self._busy - samples[0][1] >= (
             self._config.window
         ):
-            old_busy, old_tokens = samples.popleft()
-            self._busy -= old_busy
-            self._drained -= old_tokens
+            self._drop_oldest()
         metrics.PREFILL_RATE.set(self.rate() or 0.0)
+
+    def _forget_old(self) -> None:
+        """Drop the departures older than `rate_age` of wall time, however few are left."""
+        samples = self._samples
+        oldest = self._clock() - self._config.rate_age
+        while samples and samples[0][0] < oldest:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, busy, tokens = self._samples.popleft()
+        self._busy -= busy
+        self._drained -= tokens

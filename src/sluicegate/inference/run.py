@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
+from sluicegate.keys import ANONYMOUS
 from sluicegate.wire.formats import ResponseFormat
 from sluicegate.wire.tools import ToolLimits
 
@@ -43,6 +44,8 @@ class Run:
     priority: int = 0
     """The priority the request asked for until admission (`quota.share`) makes it the
     engine's (vLLM runs lower values first)."""
+    key_id: str = ANONYMOUS
+    """The API key's public id, set at admission: whose backlog the run is."""
     echo: Echo | None = None
     counted: dict[int, int] = field(default_factory=dict)
     """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does

@@ -402,8 +402,11 @@ class CompletionService:
         tools = fmt.tools if isinstance(fmt, ChatFormat) else None
         # Refused here, before any engine work, when the engine holds as much as it may, or
         # when the first token would come too late.
+        # Both count only the backlog the run would wait behind, and refuse the key that
+        # holds it first (`prefill_queue.Backlog`).
         load = self._engine.load()
-        self._load_limits.check(load, self._queue.drain_seconds())
+        backlog = self._queue.backlog(run.priority, run.key_id)
+        self._load_limits.check(load, self._queue.drain_seconds(), backlog)
         in_step = load.step_seconds if load is not None and (load.running or load.waiting) else 0.0
         ticket = self._queue.enter(
             run.prompt_tokens,
@@ -412,6 +415,8 @@ class CompletionService:
             # A grammar compiled for the run delays its first token past what the queue
             # foretells; it must not teach the estimate (`prefill_queue`).
             learns=run.options.structured is None,
+            priority=run.priority,
+            key=run.key_id,
         )
         try:
             with GenerationTelemetry(
@@ -431,6 +436,9 @@ class CompletionService:
                 async with contextlib.aclosing(tagged) as each:
                     async for prompt_index, step in each:
                         if telemetry.step(prompt_index, step):
+                            # Its first token came after a failed try elsewhere (an upstream
+                            # retried): a delay the queue does not model, not taught.
+                            ticket.learns = ticket.learns and not step.retried
                             ticket.started()
                         _count_prompt(run, prompt_index, step)
                         yield prompt_index, step

@@ -365,6 +365,7 @@ for _reason in (
     "engine_waiting",
     "engine_running",
     "kv_cache",
+    "parse_queue",
 ):
     ADMISSION_REFUSED.labels(_reason)
 for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):

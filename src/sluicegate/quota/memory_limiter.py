@@ -19,19 +19,21 @@ class MemoryRateLimiter:
         self._clock = clock
         self._tats: dict[tuple[str, str], float] = {}
 
-    async def acquire(self, key_id: str, limit: RateLimit, tokens: int) -> Decision:
+    async def acquire(
+        self, key_id: str, limit: RateLimit, tokens: int, requests: int = 1
+    ) -> Decision:
         if unlimited(limit):
             return ALLOW
         now = self._clock()
         rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
         req_key, tok_key = (key_id, _REQUESTS), (key_id, _TOKENS)
-        req = None if rpm is None else gcra.conform(self._tats.get(req_key), now, rpm, 1)
+        req = None if rpm is None else gcra.conform(self._tats.get(req_key), now, rpm, requests)
         tok = None
         if tpm is not None:
             tok = gcra.conform(self._tats.get(tok_key), now, tpm, max(0, tokens))
         allowed = (req is None or req.allowed) and (tok is None or tok.allowed)
         if allowed:
-            if req is not None:
+            if req is not None and requests > 0:
                 self._tats[req_key] = req.tat
             if tok is not None and tokens > 0:
                 self._tats[tok_key] = tok.tat
@@ -50,9 +52,9 @@ class MemoryRateLimiter:
     ) -> None:
         self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
 
-    def charge(self, key_id: str, limit: RateLimit, tokens: int) -> None:
-        """Count one request and `tokens` tokens admitted elsewhere, unchecked."""
-        self._adjust((key_id, _REQUESTS), limit.requests_per_minute, 1)
+    def charge(self, key_id: str, limit: RateLimit, tokens: int, requests: int = 1) -> None:
+        """Count `requests` requests and `tokens` tokens admitted elsewhere, unchecked."""
+        self._adjust((key_id, _REQUESTS), limit.requests_per_minute, requests)
         self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
 
     def _adjust(self, key: tuple[str, str], per_minute: int | None, cost: int) -> None:

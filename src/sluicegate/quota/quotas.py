@@ -3,9 +3,14 @@
 The limiter (`redis_limiter` or `memory_limiter`) keeps the state; this module picks the
 limit for a key (its override, else the default) and turns a refusal into `RateLimitError`.
 
-A request is admitted with its possible cost reserved (`reserve`): one request, its prompt
-tokens and every completion token it may produce (sequences × max_tokens), plus its
-sequences in the key's share of the engine (`share`). When it ends, however it ends, its
+A request is let in twice. First, before any work proportional to its body (parsing,
+templates, tokenizing, a stored conversation, schemas), by what costs nothing to check
+(`enter`): the request is counted against its key's requests per minute, and refused if the
+key already holds its whole share of the engine. So a key over its limits costs one check
+per request, however large its requests. Then, once its prompt is known, it is admitted with
+its possible cost reserved (`reserve`): its prompt tokens and every completion token it may
+produce (sequences × max_tokens), plus its sequences in the key's share of the engine
+(`share`). When it ends, however it ends, its
 `Reservation` is released with the completion tokens it really produced: the unused part
 is given back, and the sequences come free.
 """
@@ -13,11 +18,12 @@ is given back, and the sequences come free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from sluicegate.errors import RateLimitError
 from sluicegate.observability.metrics import RATE_LIMITED
 from sluicegate.quota.share import SequenceShare
-from sluicegate.quota.window import RateLimit, RateLimiter
+from sluicegate.quota.window import Decision, RateLimit, RateLimiter
 
 
 @dataclass(slots=True)
@@ -46,6 +52,18 @@ class Quotas:
     def limit_for(self, key_id: str) -> RateLimit:
         return self.overrides.get(key_id, self.default)
 
+    async def enter(self, key_id: str, engine_work: bool = True) -> None:
+        """Count a request that has just arrived, before anything is done with its body.
+
+        Raises `ConcurrencyLimitError` when it would start `engine_work` and its key holds
+        its whole share already, and `RateLimitError` when the key's requests per minute
+        are used up. Its tokens are reserved later (`reserve`, with `counted`)."""
+        if engine_work:
+            self.share.check(key_id)
+        decision = await self.limiter.acquire(key_id, self.limit_for(key_id), 0)
+        if not decision.allowed:
+            _refuse(decision)
+
     async def reserve(
         self,
         key_id: str,
@@ -54,8 +72,10 @@ class Quotas:
         max_tokens: int,
         param: str = "n",
         priority: int = 0,
+        counted: bool = False,
     ) -> Reservation:
-        """Admit a request: take its sequences, count it and its possible tokens.
+        """Admit a request: take its sequences, count it (unless `enter` has: `counted`)
+        and its possible tokens.
 
         Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share, and
         `RateLimitError` (429) when a limit is used up or the request could never fit."""
@@ -64,21 +84,15 @@ class Quotas:
         _check_fits(limit, prompt_tokens, completion_tokens)
         priority = self.share.take(key_id, sequences, param, priority)
         try:
-            decision = await self.limiter.acquire(key_id, limit, prompt_tokens + completion_tokens)
+            decision = await self.limiter.acquire(
+                key_id, limit, prompt_tokens + completion_tokens, requests=0 if counted else 1
+            )
         except BaseException:
             self.share.give_back(key_id, sequences)
             raise
         if not decision.allowed:
             self.share.give_back(key_id, sequences)
-            which = decision.limit or "requests"
-            RATE_LIMITED.labels(limit=which).inc()
-            # The limit that refused: this replica's share of it while Redis is down.
-            per_minute = decision.headers.get(f"x-ratelimit-limit-{which}", "?")
-            raise RateLimitError(
-                f"Rate limit reached for {which} per minute (limit {per_minute}). "
-                f"Retry after {decision.headers.get('retry-after', '1')} s.",
-                headers=decision.headers,
-            )
+            _refuse(decision)
         return Reservation(
             key_id,
             limit,
@@ -119,6 +133,18 @@ class Quotas:
         sequences again (unchecked: it was admitted, and may have begun to answer)."""
         self.share.hold(reservation.key_id, sequences)
         reservation.sequences = sequences
+
+
+def _refuse(decision: Decision) -> NoReturn:
+    which = decision.limit or "requests"
+    RATE_LIMITED.labels(limit=which).inc()
+    # The limit that refused: this replica's share of it while Redis is down.
+    per_minute = decision.headers.get(f"x-ratelimit-limit-{which}", "?")
+    raise RateLimitError(
+        f"Rate limit reached for {which} per minute (limit {per_minute}). "
+        f"Retry after {decision.headers.get('retry-after', '1')} s.",
+        headers=decision.headers,
+    )
 
 
 def _check_fits(limit: RateLimit, prompt_tokens: int, completion_tokens: int) -> None:

@@ -47,12 +47,13 @@ local period = 60000000
 """
 
 # KEYS: the requests TAT, the tokens TAT. ARGV: requests and tokens per minute (0: no such
-# limit), the tokens to count. Returns {allowed, request debt, token debt, request retry,
-# token retry}, durations in microseconds; a debt is the TAT minus now, after the check.
+# limit), the tokens to count, the requests to count (1, or 0 when counted already). Returns
+# {allowed, request debt, token debt, request retry, token retry}, durations in microseconds;
+# a debt is the TAT minus now, after the check.
 _ACQUIRE_LUA = (
     _GCRA
     + """
-local costs = {1, tonumber(ARGV[3])}
+local costs = {tonumber(ARGV[4]), tonumber(ARGV[3])}
 local allowed, debt, retry, after = 1, {0, 0}, {0, 0}, {}
 for i = 1, 2 do
   local limit = tonumber(ARGV[i])
@@ -143,22 +144,24 @@ class RedisRateLimiter:
         base = f"{self._prefix}:gcra:{{{key_id}}}"
         return [f"{base}:req", f"{base}:tok"]
 
-    async def acquire(self, key_id: str, limit: RateLimit, tokens: int) -> Decision:
+    async def acquire(
+        self, key_id: str, limit: RateLimit, tokens: int, requests: int = 1
+    ) -> Decision:
         if unlimited(limit):
             return ALLOW
         if self._skipping():
-            return await self._acquire_locally(key_id, limit, tokens)
+            return await self._acquire_locally(key_id, limit, tokens, requests)
         rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
-        args = [rpm or 0, tpm or 0, max(0, tokens)]
+        args = [rpm or 0, tpm or 0, max(0, tokens), requests]
         try:
             reply = await self._deadline.run(self._acquire(keys=self._keys(key_id), args=args))
             allowed, *durations = _parse_reply(reply)
         except (*_FAILURES, _MalformedReplyError) as exc:
             self._failed(key_id, exc)
-            return await self._acquire_locally(key_id, limit, tokens)
+            return await self._acquire_locally(key_id, limit, tokens, requests)
         self._answered()
         if allowed:
-            self._local.charge(key_id, limit.scaled(self._share), max(0, tokens))
+            self._local.charge(key_id, limit.scaled(self._share), max(0, tokens), requests)
         req_debt, tok_debt, req_retry, tok_retry = (d / 1e6 for d in durations)
         return decide(limit, Window(bool(allowed), req_debt, tok_debt, req_retry, tok_retry))
 
@@ -191,9 +194,11 @@ class RedisRateLimiter:
     def _skipping(self) -> bool:
         return self._down_until is not None and self._clock() < self._down_until
 
-    async def _acquire_locally(self, key_id: str, limit: RateLimit, tokens: int) -> Decision:
+    async def _acquire_locally(
+        self, key_id: str, limit: RateLimit, tokens: int, requests: int
+    ) -> Decision:
         RATE_LIMIT_LOCAL_DECISIONS.inc()
-        decision = await self._local.acquire(key_id, limit.scaled(self._share), tokens)
+        decision = await self._local.acquire(key_id, limit.scaled(self._share), tokens, requests)
         return Decision(
             decision.allowed, decision.limit, decision.retry_after, decision.headers, local=True
         )

@@ -23,6 +23,7 @@ priority other than 0 gets a 400 naming it, as from vLLM's server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from sluicegate.errors import ConcurrencyLimitError, InvalidRequestError
 from sluicegate.observability.metrics import RATE_LIMITED
@@ -63,12 +64,7 @@ class SequenceShare:
                     param=param,
                 )
             if held + sequences > self.per_key:
-                RATE_LIMITED.labels(limit="sequences").inc()
-                raise ConcurrencyLimitError(
-                    f"This API key has {held} sequences in flight; {sequences} more would pass "
-                    f"its share of {self.per_key}. Retry when some have finished.",
-                    headers={"retry-after": RETRY_AFTER_S},
-                )
+                _refuse(held, str(sequences), self.per_key)
         self._in_flight[key_id] = held + sequences
         if not self.prioritize:
             return 0
@@ -88,6 +84,12 @@ class SequenceShare:
                 param="priority",
             )
 
+    def check(self, key_id: str) -> None:
+        """Raise `ConcurrencyLimitError` if the key holds its whole share already: then no
+        request of it could be taken, whatever its size (nothing is counted)."""
+        if self.per_key is not None and self._in_flight.get(key_id, 0) >= self.per_key:
+            _refuse(self._in_flight[key_id], "any", self.per_key)
+
     def hold(self, key_id: str, sequences: int) -> None:
         """Count sequences in flight without checking the share."""
         if sequences > 0:
@@ -102,3 +104,12 @@ class SequenceShare:
 
     def in_flight(self, key_id: str) -> int:
         return self._in_flight.get(key_id, 0)
+
+
+def _refuse(held: int, more: str, per_key: int) -> NoReturn:
+    RATE_LIMITED.labels(limit="sequences").inc()
+    raise ConcurrencyLimitError(
+        f"This API key has {held} sequences in flight; {more} more would pass its share of "
+        f"{per_key}. Retry when some have finished.",
+        headers={"retry-after": RETRY_AFTER_S},
+    )

@@ -39,8 +39,11 @@ class Decision:
 
 
 class RateLimiter(Protocol):
-    async def acquire(self, key_id: str, limit: RateLimit, tokens: int) -> Decision:
-        """Count one request and `tokens` tokens, if both limits allow them."""
+    async def acquire(
+        self, key_id: str, limit: RateLimit, tokens: int, requests: int = 1
+    ) -> Decision:
+        """Count `requests` requests (one, or none: counted already) and `tokens` tokens,
+        if both limits allow them."""
         ...
 
     async def reconcile(

@@ -21,7 +21,7 @@ BUSY = EngineLoad(waiting=4, running=10, kv_cache_usage=0.5)
 @pytest.mark.parametrize(
     ("limits", "words"),
     [
-        (LoadLimits(max_waiting=4), "4 requests are waiting for the engine (at most 4 may)"),
+        (LoadLimits(max_waiting=4), "4 requests are waiting for the engine ahead of this one"),
         (LoadLimits(max_running=14), "runs or is about to run 14 requests (at most 14"),
         (LoadLimits(max_kv_cache_usage=0.5), "KV cache is 50% full (new requests stop at 50%)"),
     ],
@@ -99,3 +99,26 @@ def test_a_busy_engines_step_in_progress_counts_against_the_objective() -> None:
     clock.now += 1.9
     first.started()
     assert queue.lateness == 0.0
+
+
+def test_the_engine_bounds_count_the_waiting_ahead_and_refuse_the_holder_first() -> None:
+    from sluicegate.inference.prefill_queue import Backlog
+
+    load = EngineLoad(waiting=4, running=10, kv_cache_usage=0.1)
+    limits = LoadLimits(max_waiting=4)
+    # All four waiting are one key's: that key is refused; another only past 1.5 x 4.
+    flood = Backlog(tokens=400, runs=4, own_tokens=400, own_runs=4, keys=1, all_runs=4)
+    with pytest.raises(OverloadedError):
+        limits.check(load, None, flood)
+    other = Backlog(tokens=400, runs=4, own_tokens=0, own_runs=0, keys=2, all_runs=4)
+    limits.check(load, None, other)
+    with pytest.raises(OverloadedError):
+        limits.check(EngineLoad(waiting=6, running=10, kv_cache_usage=0.1), None, other)
+    # A higher-ranked request waits behind none of them (vLLM's priority scheduling).
+    ahead_of_all = Backlog(tokens=0, runs=0, own_tokens=0, own_runs=0, keys=1, all_runs=4)
+    limits.check(load, None, ahead_of_all)
+    LoadLimits(max_running=12).check(load, None, ahead_of_all)  # 10 running + 0 ahead
+    # Waiting requests the gateway does not know of count for everyone.
+    unknown = Backlog(tokens=0, runs=0, own_tokens=0, own_runs=0, keys=1, all_runs=0)
+    with pytest.raises(OverloadedError):
+        limits.check(load, None, unknown)

@@ -4,6 +4,7 @@ the fake engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -252,3 +253,68 @@ def test_runs_marked_as_not_learning_teach_neither_the_lateness_nor_the_rate() -
     assert queue.lateness == 0.0
     assert queue.rate() == pytest.approx(100.0)
     assert queue.waiting == 0 and queue.tokens == 0
+
+
+def test_departures_older_than_the_rate_age_no_longer_count() -> None:
+    clock = Clock()
+    queue = PrefillQueue(QueueConfig(objective=1.0, min_samples=2, rate_age=300.0), clock)
+    for _ in range(2):  # an engine measured slow: 10 tokens a second
+        ticket = queue.enter(10)
+        clock.now += 1.0
+        ticket.started()
+    assert queue.rate() == pytest.approx(10.0)
+    waiting = queue.enter(1)  # one waits: no trickle
+    with pytest.raises(OverloadedError):
+        queue.enter(100)  # 10 s expected against a 1 s objective
+    clock.now += 300.0  # the first departure is now more than 300 s old
+    assert queue.rate() is None  # one left, fewer than min_samples: cold again
+    assert queue.enter(100).tokens == 100
+    assert queue.waiting == 2
+    waiting.close()
+
+
+def test_a_run_waits_only_behind_its_engine_priority_and_lower() -> None:
+    queue, _ = measured(100, objective=2.0)  # 100 tokens a second
+    queue.enter(150, priority=5, key="low")  # 1.5 s of backlog, ranked after
+    # A run ranked before it (a lower value) does not wait behind it: 0.5 s, admitted.
+    assert queue.enter(50, priority=1, key="high").tokens == 50
+    assert queue.backlog(1, "high").tokens == 50 and queue.backlog(5, "low").tokens == 200
+    # One ranked with it or after waits behind all: 1.5 + 0.5 + 1.0 s, past 2 s (and the
+    # key holds the whole backlog ahead of it).
+    with pytest.raises(OverloadedError):
+        queue.enter(100, priority=5, key="low")
+
+
+def test_the_key_holding_the_backlog_is_refused_before_the_others() -> None:
+    queue, _ = measured(100, objective=2.0)  # 100 tokens a second
+    queue.enter(180, key="flood")
+    # 1.8 + 0.5 s: past the objective; the flood's key holds the backlog, refused.
+    with pytest.raises(OverloadedError):
+        queue.enter(50, key="flood")
+    # Another key is admitted up to 1.5 times the objective (3 s): 2.3 s.
+    assert queue.enter(50, key="quiet").tokens == 50
+    backlog = queue.backlog(0, "quiet")
+    assert (backlog.tokens, backlog.own_tokens, backlog.keys) == (230, 50, 2)
+    assert not backlog.holds_tokens and queue.backlog(0, "flood").holds_tokens
+    # Past the slack, the others are refused too: 2.3 + 1.0 s.
+    with pytest.raises(OverloadedError):
+        queue.enter(100, key="third")
+
+
+class RetriedEngine(FakeEngine):
+    """A fake engine whose every run came after a failed try (as an upstream's retry)."""
+
+    async def generate(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        async for step in super().generate(*args, **kwargs):  # type: ignore[arg-type]
+            yield dataclasses.replace(step, retried=True)
+
+
+def test_through_the_app_retried_runs_teach_the_estimate_nothing() -> None:
+    engine = RetriedEngine(delays=[0.05, 0.0])
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(fake_app(engine, ttft_objective=0.01)) as client:
+        # As slow as the runs that get the ninth refused above, but each one retried: the
+        # rate is never learnt from them, so nothing is refused.
+        for _ in range(10):
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert len(engine.requests) == 10

@@ -75,3 +75,25 @@ def test_no_limits_no_headers() -> None:
         response = client.post("/v1/chat/completions", json=chat())
         assert response.status_code == 200
         assert not any(h.startswith("x-ratelimit") for h in response.headers)
+
+
+def test_a_key_over_its_rate_is_refused_before_its_body_is_parsed(limited: TestClient) -> None:
+    assert limited.post("/tokenize", json={"prompt": "x"}).status_code == 200  # counted
+    assert limited.post("/v1/chat/completions", json=chat()).status_code == 200
+    # Invalid bodies, small and large (the parse process), get the 429, not their 400.
+    for body in ({"model": MODEL, "messages": "nope"}, {"model": MODEL, "x": "y" * 300_000}):
+        refused = limited.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_request_is_counted_once_though_it_is_checked_twice() -> None:
+    with client_for(rate_limit_requests_per_minute=3) as client:
+        remaining = [
+            client.post("/v1/chat/completions", json=chat()).headers[
+                "x-ratelimit-remaining-requests"
+            ]
+            for _ in range(3)
+        ]
+        assert remaining == ["2", "1", "0"]
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 429
