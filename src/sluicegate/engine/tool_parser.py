@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sluicegate.engine.hermes_stream import HermesStream
 from sluicegate.engine.protocol import (
     ParsedDelta,
     ParsedToolCall,
     ParsedToolCalls,
     ToolCallFragment,
+    ToolCallStream,
     Tools,
 )
 
@@ -65,30 +67,47 @@ class VLLMToolCallParser:
         return ParsedToolCalls(info.content or None, calls)
 
     def stream(self, tools: Tools) -> _Stream:
+        from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+        if self._cls is Hermes2ProToolParser:  # exactly: subclasses change the tags
+            return _Stream(HermesStream(), self.name)
         request = _request(tools)
-        return _Stream(self._cls(self._tokenizer, request.tools), request, self.name)
+        return _Stream(_WholeText(self._cls(self._tokenizer, request.tools), request), self.name)
 
 
 class _Stream:
-    def __init__(self, parser: Any, request: Any, name: str):
-        self._parser = parser
-        self._request = request
+    """A stream whose parser's failure ends its calls, not the answer."""
+
+    def __init__(self, reader: ToolCallStream, name: str):
+        self._reader = reader
         self._name = name
-        self._text = ""
         self._failed = False
 
     def feed(self, text: str) -> ParsedDelta:
-        previous, self._text = self._text, self._text + text
         if self._failed or not text:
             return ParsedDelta()
         try:
-            delta = self._parser.extract_tool_calls_streaming(
-                previous, self._text, text, [], [], [], self._request
-            )
+            return self._reader.feed(text)
         except Exception:
             logger.exception("tool parser %s failed while streaming", self._name)
             self._failed = True
             return ParsedDelta()
+
+
+class _WholeText:
+    """A vLLM parser's own streaming: handed the whole text so far on each delta, so its work
+    grows with the square of the output (hermes has `HermesStream` instead)."""
+
+    def __init__(self, parser: Any, request: Any):
+        self._parser = parser
+        self._request = request
+        self._text = ""
+
+    def feed(self, text: str) -> ParsedDelta:
+        previous, self._text = self._text, self._text + text
+        delta = self._parser.extract_tool_calls_streaming(
+            previous, self._text, text, [], [], [], self._request
+        )
         if delta is None:
             return ParsedDelta()
         fragments = []
