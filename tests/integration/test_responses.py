@@ -146,3 +146,36 @@ def test_a_named_function_answers_with_a_function_call_that_continues(
         temperature=0,
     )
     assert follow.output_text.strip()
+
+
+def test_a_function_call_output_is_stored_with_its_known_fields_only(base_url: str) -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": [{"text": "Sunny"}]}
+    question = {"role": "user", "content": "What is the weather?"}
+    body = {"model": MODEL_NAME, "max_output_tokens": SHORT, "temperature": 0}
+
+    def post(*items: dict[str, object]) -> httpx.Response:
+        json_body = {**body, "input": list(items)}
+        return httpx.post(f"{base_url}/v1/responses", json=json_body, timeout=60)
+
+    for extra in ({**output, "note": "kept?"}, {**output, "output": [{"text": "x", "n": 1}]}):
+        refused = post(question, call, extra)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "input"
+        assert "input[2]." in error["message"] and "is not a field of" in error["message"]
+
+    answered = post(question, call, {**output, "id": "fco_0", "status": "completed"})
+    assert answered.status_code == 200, answered.text
+    listed = httpx.get(
+        f"{base_url}/v1/responses/{answered.json()['id']}/input_items",
+        params={"order": "asc"},
+        timeout=30,
+    ).json()["data"]
+    stored = listed[2]
+    assert stored["id"].startswith("fco_") and stored["id"] != "fco_0"
+    assert {k: v for k, v in stored.items() if k != "id"} == {
+        "type": "function_call_output",
+        "call_id": "c1",
+        "output": [{"type": "input_text", "text": "Sunny"}],
+    }

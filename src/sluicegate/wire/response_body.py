@@ -131,6 +131,11 @@ def identified(items: list[Item]) -> list[Item]:
                 stored["content"] = [{"type": part, "text": content}]
             else:
                 stored["content"] = [{"type": c["type"], "text": c["text"]} for c in content]
+        elif kind == "function_call_output" and isinstance(item["output"], list):
+            parts = item["output"]
+            stored["output"] = [
+                {"type": p.get("type", "input_text"), "text": p["text"]} for p in parts
+            ]
         out.append(stored)
     return out
 

@@ -26,6 +26,9 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text")
+_OUTPUT_FIELDS = ("type", "call_id", "output", "id", "status")
+_PART_FIELDS = ("type", "text")
+_STATUSES = ("in_progress", "completed", "incomplete")
 
 
 class FunctionTool(_Model):
@@ -253,17 +256,37 @@ def check_item(item: Any, index: int) -> Item:
                 raise InvalidItem(f"{where}.{name} must be a string")
         return item
     if kind == "function_call_output":
+        _only_fields(item, _OUTPUT_FIELDS, where, "a function_call_output item")
         if not isinstance(item.get("call_id"), str):
             raise InvalidItem(f"{where}.call_id must be a string")
+        if not isinstance(item.get("id", ""), str):
+            raise InvalidItem(f"{where}.id must be a string")
+        if item.get("status", "completed") not in _STATUSES:
+            raise InvalidItem(f"{where}.status must be one of {', '.join(_STATUSES)}")
         output = item.get("output")
         if not isinstance(output, str | list):
             raise InvalidItem(f"{where}.output must be a string or a list of text parts")
-        if isinstance(output, list) and not all(
-            isinstance(p, dict) and isinstance(p.get("text"), str) for p in output
-        ):
-            raise InvalidItem(f"{where}.output: only text parts are supported")
+        for j, part in enumerate(output if isinstance(output, list) else ()):
+            part_where = f"{where}.output[{j}]"
+            if (
+                not isinstance(part, dict)
+                or part.get("type", "input_text") not in _TEXT_PARTS
+                or not isinstance(part.get("text"), str)
+            ):
+                raise InvalidItem(f"{part_where}: only input_text parts are supported")
+            _only_fields(part, _PART_FIELDS, part_where, "a text part")
         return item
     raise InvalidItem(f"{where}: items of type {kind!r} are not supported by this server")
+
+
+def _only_fields(value: dict[str, Any], known: tuple[str, ...], where: str, what: str) -> None:
+    # Refused rather than dropped: a field this server does not know may carry meaning the
+    # client expects kept, and what is not checked is not stored (`identified`).
+    for name in value:
+        if name not in known:
+            raise InvalidItem(
+                f"{where}.{name} is not a field of {what} (its fields: {', '.join(known)})"
+            )
 
 
 def _item_texts(item: Item) -> list[str]:

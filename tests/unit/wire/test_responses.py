@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from sluicegate.wire.response_body import identified
 from sluicegate.wire.responses import ResponsesRequest, chat_body, chat_messages, param_for
 
 
@@ -192,6 +193,45 @@ def test_a_json_schema_format_needs_a_name_and_a_schema() -> None:
 )
 def test_what_this_server_cannot_do_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
     assert refused_param(**fields).startswith(param)
+
+
+def refusal(*items: Any) -> str:
+    with pytest.raises(ValidationError) as caught:
+        request(input=list(items))
+    return str(caught.value.errors()[0]["msg"])
+
+
+def test_a_function_call_output_takes_only_its_own_fields() -> None:
+    output = {"type": "function_call_output", "call_id": "c", "output": "sunny"}
+    assert "input[1].note is not a field of a function_call_output item" in refusal(
+        {"role": "user", "content": "q"}, {**output, "note": "x" * 1000}
+    )
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b", "x": {}}]
+    assert "input[0].output[1].x is not a field of a text part" in refusal(
+        {**output, "output": parts}
+    )
+    image = [{"type": "input_image", "text": "a", "image_url": "data:,"}]
+    assert "input[0].output[0]: only input_text parts" in refusal({**output, "output": image})
+    assert "input[0].status must be one of" in refusal({**output, "status": "done"})
+    # What `GET .../input_items` lists, sent back as it is, is taken.
+    listed = {**output, "id": "fco_1", "status": "completed"}
+    assert request(input=[listed]).input_items() == [listed]
+
+
+def test_a_function_call_outputs_parts_are_stored_as_text_parts_only() -> None:
+    items = [
+        {"type": "function_call_output", "call_id": "c1", "output": [{"text": "rain"}]},
+        {"type": "function_call_output", "call_id": "c2", "output": "sun", "status": "completed"},
+    ]
+    stored = identified(request(input=items).input_items())
+    assert [{k: v for k, v in item.items() if k != "id"} for item in stored] == [
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [{"type": "input_text", "text": "rain"}],
+        },
+        {"type": "function_call_output", "call_id": "c2", "output": "sun"},
+    ]
 
 
 def test_reasoning_effort_none_is_accepted() -> None:
