@@ -22,8 +22,18 @@ ENDLESS = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
 """A JSON schema whose answers are longer than any max_tokens these tests send."""
 
 
+RECORD_VIOLATIONS = """
+window.cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`);
+});
+"""
+"""Run before the page's own scripts (through DevTools, which the policy does not bind)."""
+
+
 @pytest.fixture(scope="module")
 def page(driver: webdriver.Chrome, browser_gateway: GatewayProcess) -> webdriver.Chrome:
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_VIOLATIONS})
     driver.get(f"{browser_gateway.url}/playground/")
     key = driver.find_element(By.ID, "api-key")
     key.send_keys(KEY, Keys.TAB)  # the change event stores the key and loads the models
@@ -169,3 +179,18 @@ def test_a_json_schema_constrains_the_answer(page: webdriver.Chrome) -> None:
     assert text(page, "error") == ""
     answer = json.loads(text(page, "output"))
     assert isinstance(answer, dict) and isinstance(answer["city"], str)
+
+
+def test_the_page_works_within_its_content_security_policy(page: webdriver.Chrome) -> None:
+    # Last in this file: every test before used the page under the policy.
+    assert page.execute_script("return window.cspViolations") == []
+    ran = page.execute_script(
+        "const s = document.createElement('script');"
+        "s.textContent = 'window.inlineRan = true';"
+        "document.body.append(s);"
+        "return window.inlineRan === true;"
+    )
+    # An inline script, as an injection would add, is refused and reported.
+    assert ran is False
+    WebDriverWait(page, 5).until(lambda d: d.execute_script("return window.cspViolations"))
+    assert page.execute_script("return window.cspViolations") == ["script-src-elem inline"]
