@@ -412,8 +412,16 @@ class Settings(BaseSettings):
     responses_memory_max_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=0,
-        description="Without Redis: bytes of stored responses kept in this process, least "
-        "recently used dropped first.",
+        description="Without Redis: bytes of stored responses kept in this process; past it, "
+        "the key holding the most loses its oldest first.",
+    )
+    responses_max_bytes_per_key: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of stored responses one API key may hold (all clients share one "
+        "bound without API keys): past it, the key's own oldest are dropped, never another "
+        "key's. At least `RESPONSES_MAX_ENTRY_BYTES`, so that a key can always store its "
+        "newest.",
     )
     responses_max_entry_bytes: int = Field(
         default=1024 * 1024,
@@ -711,6 +719,11 @@ class Settings(BaseSettings):
                 positive = False
             if not positive:
                 raise ValueError(f"upstream weight {weight.strip()!r} is not a positive number")
+        if self.responses_max_bytes_per_key < self.responses_max_entry_bytes:
+            raise ValueError(
+                "responses_max_bytes_per_key must be at least responses_max_entry_bytes "
+                f"({self.responses_max_bytes_per_key} < {self.responses_max_entry_bytes})"
+            )
         if self.budget_min_completion_tokens >= self.max_model_len:
             raise ValueError(
                 "budget_min_completion_tokens must be below max_model_len "

@@ -396,7 +396,9 @@ def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) 
     """Stored responses in Redis when there is one (shared by replicas, kept across restarts),
     else in this process, bounded in bytes."""
     config = StoreConfig(
-        ttl=settings.responses_ttl_seconds, max_entry_bytes=settings.responses_max_entry_bytes
+        ttl=settings.responses_ttl_seconds,
+        max_entry_bytes=settings.responses_max_entry_bytes,
+        max_key_bytes=settings.responses_max_bytes_per_key,
     )
     if client is None:
         return MemoryResponseStore(config, settings.responses_memory_max_bytes)

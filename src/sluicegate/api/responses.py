@@ -8,6 +8,8 @@ limits, cache, token budget, metrics, traces), rendered as a response object or 
 (`wire.response_format`). With `store` (the default) the response and its conversation are
 kept (`conversation.store`) once answered; a store that fails then is logged, and the answer
 still goes out (it is already rendered; the client learns of it when it reads the response).
+The conversation kept is the one the prompt holds: with `truncation: "auto"`, as fitted. One
+the store cannot take (larger than a record may be) is answered with `store: false`.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from pydantic import ValidationError
 from sluicegate.api.completions import TOKEN_BUDGET_SPAN, Exchange
 from sluicegate.api.deps import KeyIdDep, StateDep
 from sluicegate.api.route import LargeBodyRoute
-from sluicegate.conversation.record import StoredResponse
+from sluicegate.conversation.fitted import fitted_items
+from sluicegate.conversation.record import StoredResponse, encode_items
 from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
 from sluicegate.http.errors import validation_param
 from sluicegate.http.state import AppState
+from sluicegate.inference.budget import BudgetReport
 from sluicegate.observability.tracing import span
 from sluicegate.wire.requests import ChatCompletionRequest
 from sluicegate.wire.response_body import ResponseEnvelope, identified
@@ -49,13 +53,17 @@ async def create_response(
         except InvalidRequestError as exc:
             exc.param = None if exc.param is None else param_for(exc.param)
             raise
-    fmt = ResponsesFormat(run.format, ResponseEnvelope(body.model, body.echo()))
+    conversation = _used(history, body, run.budget)
+    measured = _measured(state, conversation) if body.store else None
+    echo = body.echo()
+    if body.store and measured is None:
+        echo["store"] = False  # the one way to say so that a stream and a body share
+    fmt = ResponsesFormat(run.format, ResponseEnvelope(body.model, echo))
     run = dataclasses.replace(run, format=fmt)
-    conversation = [*history, *identified(body.input_items())]
 
     async def answered() -> None:
-        if body.store and fmt.final is not None:
-            await _keep(state, key_id, StoredResponse(fmt.final, conversation))
+        if measured is not None and fmt.final is not None:
+            await _keep(state, key_id, StoredResponse(fmt.final, conversation, measured))
 
     exchange = Exchange.start(run, body.stream, request, state, answered=answered)
     return await exchange.respond()
@@ -132,6 +140,32 @@ async def _history(state: AppState, key_id: str, previous_id: str | None) -> lis
             code="previous_response_not_found",
         )
     return previous.conversation()
+
+
+def _used(history: list[Item], body: ResponsesRequest, budget: BudgetReport | None) -> list[Item]:
+    """The conversation the prompt holds: all of it, or as truncation fitted it."""
+    conversation = [*history, *identified(body.input_items())]
+    if budget is None or budget.truncated is None:
+        return conversation
+    return fitted_items(conversation, budget.truncated, body.instructions is not None)
+
+
+def _measured(state: AppState, conversation: list[Item]) -> bytes | None:
+    """The conversation encoded, when the store can take a record holding it; else None
+    (logged), and the response says `store: false`."""
+    try:
+        encoded = encode_items(conversation)
+    except ValueError:  # not encodable (checked texts should make this impossible)
+        logger.exception("a conversation could not be encoded; its response is not stored")
+        return None
+    if not state.responses.takes(len(encoded)):
+        logger.warning(
+            "a conversation of %d bytes is larger than the response store takes; "
+            "answered with store: false",
+            len(encoded),
+        )
+        return None
+    return encoded
 
 
 async def _keep(state: AppState, key_id: str, record: StoredResponse) -> None:

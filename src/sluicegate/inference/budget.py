@@ -15,12 +15,12 @@ Every fitted request carries a `BudgetReport`, sent back as `X-Budget-*` headers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatMessages, PromptTokenizer, Tools
 from sluicegate.errors import ContextLengthExceededError
-from sluicegate.inference.truncation import truncate_chat
+from sluicegate.inference.truncation import TruncatedChat, truncate_chat
 from sluicegate.observability.metrics import (
     BUDGET_CLAMPED_MAX_TOKENS,
     BUDGET_DROPPED_TOKENS,
@@ -64,6 +64,9 @@ class BudgetReport:
     max_tokens_source: MaxTokensSource
     messages_dropped: int = 0
     steps: tuple[str, ...] = ()
+    truncated: TruncatedChat | None = field(default=None, compare=False, repr=False)
+    """The chat as truncation left it (which messages stayed, their contents), when it cut
+    anything: what the prompt holds, so what a stored response keeps (`api.responses`)."""
 
     @property
     def trimmed(self) -> bool:
@@ -136,7 +139,9 @@ class TokenBudget:
                 param="messages",
             )
         dropped = len(messages) - len(result.kept)
-        return self._fitted([result.ids], before, ask, dropped, result.steps, result.messages)
+        return self._fitted(
+            [result.ids], before, ask, dropped, result.steps, result.messages, truncated=result
+        )
 
     async def fit_prompts(
         self,
@@ -203,10 +208,11 @@ class TokenBudget:
         dropped: int = 0,
         steps: tuple[str, ...] = (),
         messages: ChatMessages | None = None,
+        truncated: TruncatedChat | None = None,
     ) -> FittedPrompts:
         max_tokens, source = self._max_tokens(max(len(p) for p in prompts), ask)
         after = sum(len(p) for p in prompts)
-        report = BudgetReport(before, after, max_tokens, source, dropped, steps)
+        report = BudgetReport(before, after, max_tokens, source, dropped, steps, truncated)
         if report.trimmed:
             BUDGET_TRIMMED_REQUESTS.inc()
             BUDGET_DROPPED_TOKENS.inc(before - after)

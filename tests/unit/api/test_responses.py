@@ -226,3 +226,65 @@ def app_store_size(client: TestClient) -> int:
     state = client.app_state[STATE_KEY]  # the lifespan's state, as TestClient keeps it
     assert isinstance(state.responses, MemoryResponseStore)
     return state.responses.size_bytes
+
+
+def test_one_keys_large_records_do_not_push_out_another_keys() -> None:
+    """Each record holds a 2 kB input (about 3 kB in all): three fit one key's bound of
+    10 kB, and the whole store (64 MiB) is far from full."""
+    app = fake_app(
+        api_keys=f"{KEY_A},{KEY_B}",
+        responses_max_entry_bytes=4096,
+        responses_max_bytes_per_key=10_000,
+    )
+    a, b = ({"authorization": f"Bearer {key}"} for key in (KEY_A, KEY_B))
+    with TestClient(app) as client:
+
+        def store(headers: dict[str, str], i: int) -> str:
+            body = {"model": FAKE_MODEL, "input": f"{i} " + "x" * 2000}
+            created = client.post("/v1/responses", json=body, headers=headers)
+            assert created.status_code == 200 and created.json()["store"] is True
+            return str(created.json()["id"])
+
+        kept = [store(b, i) for i in range(2)]
+        mine = [store(a, i) for i in range(12)]
+        assert [client.get(f"/v1/responses/{i}", headers=b).status_code for i in kept] == [200] * 2
+        found = [client.get(f"/v1/responses/{i}", headers=a).status_code for i in mine]
+        assert found == [404] * 9 + [200] * 3  # the oldest went first
+
+
+def test_a_conversation_larger_than_the_store_takes_is_answered_with_store_false() -> None:
+    app = fake_app(responses_max_entry_bytes=2048, responses_max_bytes_per_key=2048)
+    with TestClient(app) as client:
+        body = {"model": FAKE_MODEL, "input": "x" * 3000}
+        created = client.post("/v1/responses", json=body)
+        assert created.status_code == 200 and created.json()["store"] is False
+        assert created.json()["output"][0]["content"][0]["text"] == "Hello there!"
+        assert client.get(f"/v1/responses/{created.json()['id']}").status_code == 404
+        streamed = client.post("/v1/responses", json={**body, "stream": True})
+        assert '"store":false' in streamed.text.replace(" ", "")
+
+
+def test_with_truncation_auto_the_fitted_conversation_is_stored() -> None:
+    """64 tokens (words) of context: the older turns go, and only what the prompt held is
+    kept, so that continuing sends what the model saw."""
+    with TestClient(fake_app(FakeEngine(max_model_len=64))) as client:
+        turns: list[dict[str, str]] = []
+        for i in range(6):
+            turns += [
+                {"role": "user", "content": f"question {i} " + "word " * 8},
+                {"role": "assistant", "content": f"answer {i}"},
+            ]
+        turns.append({"role": "user", "content": "last question"})
+        body = {"model": FAKE_MODEL, "input": turns, "truncation": "auto", "max_output_tokens": 4}
+        created = client.post("/v1/responses", json=body)
+        assert created.status_code == 200
+        assert int(created.headers["x-budget-messages-dropped"]) > 0
+        page = client.get(f"/v1/responses/{created.json()['id']}/input_items?order=asc&limit=100")
+        items = page.json()["data"]
+        texts = [item["content"][0]["text"] for item in items]
+        assert texts[-1] == "last question" and not texts[0].startswith("question 0")
+        assert len(texts) == len(turns) - int(created.headers["x-budget-messages-dropped"])
+        # The whitespace tokenizer counts each message's role and words: the stored
+        # conversation is the prompt that was charged.
+        prompt = sum(len(f"{i['role']} {i['content'][0]['text']}".split()) for i in items)
+        assert prompt == created.json()["usage"]["input_tokens"]
