@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
 from typing_extensions import ParamSpec
+
+from sluicegate.child_process import start_worker
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -97,7 +100,11 @@ class ProcessOffload:
             # spawn, as vLLM's engine core is started: a fork of a process with threads and
             # an event loop is not safe.
             context = multiprocessing.get_context("spawn")
-            self._executor = ProcessPoolExecutor(1, mp_context=context)
+            # Deaf to a stop signal sent to the whole group: the calls of the drain go on in
+            # it, and `shutdown` ends it afterwards (see `child_process`).
+            self._executor = ProcessPoolExecutor(
+                1, mp_context=context, initializer=start_worker, initargs=(os.getpid(),)
+            )
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         except BrokenProcessPool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -191,3 +193,76 @@ def test_drain_timeout_cuts_long_streams_and_still_exits_cleanly(tmp_path: Path)
         assert ended.wait(10), "the client saw its stream end"
     finally:
         gateway.stop()
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+    return alive
+
+
+def in_session(session: int) -> list[psutil.Process]:
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(process.pid) == session:
+                members.append(process)
+    return members
+
+
+def test_sigterm_to_the_whole_process_group_drains_and_leaves_no_process(tmp_path: Path) -> None:
+    # What systemd's default KillMode and `kill -- -PID` do: the signal reaches every process
+    # of the gateway's group (it leads its own session here), the engine's included.
+    gateway = start_gateway(tmp_path, "--shutdown-timeout", "60")
+    pid = gateway.process.pid
+    # A body past `LARGE_BODY_BYTES` starts the parse worker, a process of the group too.
+    large = {"model": MODEL_NAME, "prompt": "word " * 30_000}
+    httpx.post(f"{gateway.url}/tokenize", json=large, timeout=60)
+    children = psutil.Process(pid).children(recursive=True)
+    assert len(children) >= 3, "engine core, its worker and the parse worker"
+    body = {**STREAM_BODY, "max_tokens": 64}
+    streams: list[list[str]] = [[], []]
+    started = [threading.Event() for _ in streams]
+
+    def consume(i: int) -> None:
+        with httpx.stream(
+            "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=120
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    streams[i].append(line.removeprefix("data: "))
+                    started[i].set()
+
+    readers = [threading.Thread(target=consume, args=(i,)) for i in range(len(streams))]
+    for reader in readers:
+        reader.start()
+    try:
+        for event in started:
+            assert event.wait(120), "a stream did not start"
+        os.killpg(pid, signal.SIGTERM)
+        time.sleep(1)
+        if any(reader.is_alive() for reader in readers):
+            # The drain is under way: every process it needs is still serving.
+            assert running(children) == children, "a child process died of the signal"
+        for reader in readers:
+            reader.join(120)
+            assert not reader.is_alive()
+        for events in streams:
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length", chunks[-1]
+            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+            assert text, "every stream carried its content"
+        assert gateway.process.wait(60) == 0
+        # Then nothing is left: no child of the gateway, nothing of its session.
+        deadline = time.monotonic() + 30
+        while left := running(children) + running(in_session(pid)):
+            assert time.monotonic() < deadline, f"still running after 30 s: {left}"
+            time.sleep(0.2)
+    finally:
+        gateway.stop()
+        for process in running(children):
+            process.kill()

@@ -149,6 +149,7 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from sluicegate.engine.vllm_load import LoadMeter
+        from sluicegate.engine.vllm_process import executor_class
 
         on_gpu = cuda_available()
         arguments = engine_arguments(config, on_gpu)
@@ -158,13 +159,16 @@ class VLLMEngine:
         engine_args = AsyncEngineArgs(**arguments)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         meter = LoadMeter()
-        llm = AsyncLLM.from_vllm_config(
-            vllm_config,
+        # As `AsyncLLM.from_vllm_config` builds it, with an executor that takes the engine
+        # core out of the gateway's process group (see `vllm_process`).
+        llm = AsyncLLM(
+            vllm_config=vllm_config,
+            executor_class=executor_class(vllm_config),
             usage_context=UsageContext.OPENAI_API_SERVER,
             # Beside vLLM's own loggers (its Prometheus metrics stay as they are).
             stat_loggers=[meter.logger],
-            enable_log_requests=False,
-            disable_log_stats=False,
+            log_requests=False,
+            log_stats=True,
         )
         try:
             hf_tokenizer = llm.get_tokenizer()
