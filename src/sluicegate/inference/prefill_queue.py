@@ -163,7 +163,6 @@ class PrefillQueue:
     def __init__(self, config: QueueConfig, clock: Callable[[], float] = time.monotonic):
         self._config = config
         self._clock = clock
-        self.waiting = 0
         self.tokens = 0
         """Prompt tokens of the runs waiting for their first token."""
         self._tickets: set[QueueTicket] = set()
@@ -176,6 +175,11 @@ class PrefillQueue:
         self._lateness = 0.0
         self._lateness_at = clock()
         self._last_admitted: float | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for their first token."""
+        return len(self._tickets)
 
     @property
     def lateness(self) -> float:
@@ -262,7 +266,6 @@ class PrefillQueue:
         predicted = None if drained is None else in_step + drained
         if self.waiting == 0:
             self._busy_since = now
-        self.waiting += 1
         self.tokens += tokens
         self._last_admitted = now
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
@@ -279,7 +282,6 @@ class PrefillQueue:
     def _leave(self, ticket: QueueTicket, drained: bool) -> None:
         now = self._clock()
         self._tickets.discard(ticket)
-        self.waiting -= 1
         self.tokens -= ticket.tokens
         metrics.PREFILL_QUEUE_TOKENS.set(self.tokens)
         busy = 0.0
