@@ -74,17 +74,23 @@ $(TOOLS_STAMP):
 	$(TOOLS_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(CHECKOV)'
 	touch $@
 
-test: install $(DEV_STAMP) $(JS_STAMP) $(TOOLS_STAMP)
-	bash scripts/ensure-redis.sh
-	bash scripts/ensure-prometheus.sh
-	bash scripts/ensure-chromium.sh
-	bash scripts/ensure-kubectl.sh
-	$(PY) -m pytest
+# The tiers (docs/testing.md#tiers), each over WORKERS parallel pytest processes; the time of
+# each is printed at the end. Tests start the Redis servers they use (redis-server only needs
+# to be installed). PYTEST_ARGS go to every tier, e.g. PYTEST_ARGS='-k cache'.
+WORKERS ?= 2
+PYTEST_ARGS ?=
+TEST_TOOLS := bash scripts/ensure-redis.sh --installed && bash scripts/ensure-prometheus.sh \
+	&& bash scripts/ensure-kubectl.sh
 
-unit: $(DEV_STAMP) $(TOOLS_STAMP)
-	bash scripts/ensure-prometheus.sh
-	bash scripts/ensure-kubectl.sh
-	$(PY) -m pytest tests/unit tests/bench tests/deploy
+test: install $(DEV_STAMP) $(JS_STAMP) $(TOOLS_STAMP)
+	$(TEST_TOOLS)
+	bash scripts/ensure-chromium.sh
+	$(PY) scripts/test_tiers.py unit integration --workers $(WORKERS) -- $(PYTEST_ARGS)
+
+# No engine process, no browser, no peer server: what to run after every change.
+unit: install $(DEV_STAMP) $(TOOLS_STAMP)
+	$(TEST_TOOLS)
+	$(PY) scripts/test_tiers.py unit --workers $(WORKERS) -- $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Make sure redis-server is installed (tests start their own instances of it) and that a
-# Redis server answers on $REDIS_HOST:$REDIS_PORT (default 127.0.0.1:6379), starting one
-# if none does.
+# Make sure redis-server is installed (tests start their own instances of it) and, unless
+# --installed is given, that a Redis server answers on $REDIS_HOST:$REDIS_PORT (default
+# 127.0.0.1:6379), starting one if none does (make bench-cache).
 set -euo pipefail
 host=${REDIS_HOST:-127.0.0.1}
 port=${REDIS_PORT:-6379}
@@ -22,6 +22,7 @@ if ! command -v redis-server >/dev/null; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq redis-server >/dev/null
 fi
+[ "${1:-}" = --installed ] && exit 0
 ping && exit 0
 echo "ensure-redis: starting redis-server on $host:$port" >&2
 redis-server --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \

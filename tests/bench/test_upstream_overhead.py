@@ -12,8 +12,8 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from tests.fault_upstream import FaultUpstreamProcess, start
-from tests.integration.server import free_port
+from tests.support.fault_upstream import FaultUpstreamProcess, start
+from tests.support.gateway import free_port
 from upstream_overhead import TARGETS, litellm_config, load, report, schedule
 
 

@@ -18,7 +18,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from tests.integration.server import GatewayProcess, free_port, start_gateway
+from tests.support.gateway import GatewayProcess, free_port, start_gateway
 
 KEY = "sk-browser-5e1d"
 PAGES = Path(__file__).parent / "pages"

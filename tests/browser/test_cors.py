@@ -11,7 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.browser.conftest import KEY, Origins
-from tests.integration.server import MODEL_NAME, GatewayProcess
+from tests.support.gateway import MODEL_NAME, GatewayProcess
 
 
 def run_page(driver: webdriver.Chrome, origin: str, gateway: GatewayProcess) -> dict[str, Any]:

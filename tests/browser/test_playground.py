@@ -14,7 +14,8 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.browser.conftest import ARTIFACTS, KEY
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value
+from tests.support.gateway import MODEL_NAME, GatewayProcess
+from tests.support.metrics import metric_value
 
 STORY = "Write a short story about a lighthouse keeper."
 COUNTING = "Count from 1 to 400, one number per line."

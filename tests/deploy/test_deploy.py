@@ -25,7 +25,7 @@ import yaml
 from jsonschema import Draft201909Validator, FormatChecker
 
 from sluicegate.settings import Settings
-from tests.integration.server import free_port
+from tests.support.gateway import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ("Dockerfile", "docker/Dockerfile.cpu")

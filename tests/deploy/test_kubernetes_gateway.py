@@ -31,7 +31,7 @@ from tests.deploy.kustomize import (
     rendered,
 )
 from tests.deploy.network_policy import Pod, allowed, pods
-from tests.monitoring import ALERTS
+from tests.support.monitoring import ALERTS
 
 # What the grace period leaves the engine core and its workers to stop in after the drain:
 # the "engine's shutdown (15 s)" of the manifests' comments and of docs/scaling.md#sizing.

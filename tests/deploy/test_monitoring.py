@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import sluicegate.observability.metrics  # noqa: F401  (declares every sluicegate_* series)
-from tests.monitoring import (
+from tests.support.monitoring import (
     PROMETHEUS_DIR,
     alert_rules,
     dashboard_panels,

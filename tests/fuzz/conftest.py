@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 MODEL = FAKE_MODEL
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.integration.server import MODEL_NAME, GatewayProcess, gateway_env, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, gateway_env, start_gateway
 
 KEY = "sk-integration-7f3a9c"
 ROTATED = "sk-next-2b8e41"

@@ -11,7 +11,8 @@ import pytest
 from openai import OpenAI
 
 from tests.integration.conftest import BYPASS_CACHE, chat_prompt_tokens
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 SMALL_CONTEXT = 512
 

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-from tests.integration.server import MODEL_NAME, metric_value
+from tests.support.gateway import MODEL_NAME
+from tests.support.metrics import metric_value
 
 GENERATED = "vllm:request_success_total"
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 
-from tests.integration.server import metric_value
+from tests.support.metrics import metric_value
 
 RUNNING = "vllm:num_requests_running"
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.integration.server import metric_value
+from tests.support.metrics import metric_value
 
 CLIENTS = 100
 

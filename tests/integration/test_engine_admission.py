@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 BATCH = 4
 WAITING = 4

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.integration.server import (
+from tests.support.gateway import (
     MODEL_NAME,
     GatewayProcess,
     free_port,

@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.integration.server import GatewayProcess
+from tests.support.gateway import GatewayProcess
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.server import MODEL_NAME
+from tests.support.gateway import MODEL_NAME
 
 scalars = st.one_of(
     st.none(),

@@ -14,7 +14,8 @@ import httpx
 import psutil
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 STREAM_BODY = {
     "model": MODEL_NAME,

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.server import MODEL_NAME, GatewayProcess
+from tests.support.gateway import MODEL_NAME, GatewayProcess
 
 BODY_LIMIT = 8 * 1024 * 1024  # the default SLUICEGATE_MAX_REQUEST_BYTES
 PROBE_EVERY_S = 0.05

@@ -6,9 +6,9 @@ import json
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.server import GatewayProcess
+from tests.support.gateway import GatewayProcess
+from tests.support.metrics import scrape, value
 
 ENGINE_SERIES = (
     "vllm:num_requests_running",
@@ -23,21 +23,6 @@ ENGINE_SERIES = (
     "vllm:request_prefill_time_seconds_bucket",
     "vllm:request_decode_time_seconds_bucket",
 )
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def test_engine_series_are_in_the_gateway_exposition(gateway: GatewayProcess) -> None:

@@ -35,8 +35,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, free_port, start_gateway
-from tests.monitoring import (
+from tests.support.gateway import MODEL_NAME, GatewayProcess, free_port, start_gateway
+from tests.support.monitoring import (
     ALERTS,
     Query,
     alert_rules,

@@ -21,7 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 # Starting three workers on a shared 2-core machine takes minutes, inside the first test's
 # time (its fixture).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.server import GatewayProcess
+from tests.support.gateway import GatewayProcess
 
 
 @pytest.mark.parametrize("path", ["", "index.html", "app.js", "sse.js", "style.css"])

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.integration.redis_server import RedisProcess, running_redis
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
+from tests.support.redis_server import RedisProcess, running_redis
 
 BUSY_KEY = "sk-busy-7c1e"  # limits far above what the test sends
 SHARED_KEY = "sk-shared-42d9"  # 60 requests per minute, across replicas

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from sluicegate.keys import ApiKeyring
-from tests.integration.redis_server import RedisProcess, running_redis
-from tests.integration.server import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.redis_server import RedisProcess, running_redis
 
 KEY_A, KEY_B = "sk-store-a-51c8", "sk-store-b-07e2"
 KEY_BOUND = 16 * 1024

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.server import MODEL_NAME
+from tests.support.gateway import MODEL_NAME
 
 SHORT = 16
 

@@ -15,7 +15,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 STALL_TIMEOUT = 5.0
 HEAD_TIMEOUT = 2.0

@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.integration.server import MODEL_NAME, metric_value
+from tests.support.gateway import MODEL_NAME
+from tests.support.metrics import metric_value
 
 PERSON = {
     "type": "object",

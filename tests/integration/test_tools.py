@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from tests.integration.server import MODEL_NAME
+from tests.support.gateway import MODEL_NAME
 
 WEATHER = {
     "type": "function",

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, metric_value, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.metrics import metric_value
 
 OBJECTIVE_S = 1.0
 BURST = 64

@@ -1,6 +1,6 @@
 """Upstream mode against failing servers: retries, backoff, breakers, aborts, failover.
 
-The upstreams are `tests.fault_upstream` processes (a fault-injecting test double speaking
+The upstreams are `tests.support.fault_upstream` processes (a fault-injecting test double speaking
 OpenAI's API over real HTTP); the gateways are real `sluicegate serve` processes in upstream
 mode. No engine starts, so each gateway is up in seconds.
 """
@@ -11,23 +11,21 @@ import contextlib
 import hashlib
 import itertools
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.server import (
+from tests.support.fault_upstream import FaultUpstreamProcess
+from tests.support.fault_upstream import start as start_upstream
+from tests.support.gateway import (
     GatewayProcess,
     free_port,
-    metric_value,
-    peer_process,
     start_gateway,
 )
+from tests.support.metrics import metric_value
 
 CHAT = {
     "model": "fault-model",
@@ -36,44 +34,22 @@ CHAT = {
 }
 
 
-@dataclass
-class FaultUpstream:
-    process: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def control(self, **behaviour: object) -> None:
-        reply = httpx.post(f"http://127.0.0.1:{self.port}/_control", json=behaviour)
-        assert reply.status_code == 200, reply.text
-
-    def stats(self) -> dict[str, object]:
-        return dict(httpx.get(f"http://127.0.0.1:{self.port}/_stats").json())
-
-    def arrivals(self) -> list[float]:
-        """When chat requests arrived (health probes left out)."""
-        arrivals = self.stats()["arrivals"]
-        return [a["at"] for a in arrivals if a["path"] == "/v1/chat/completions"]  # type: ignore[union-attr]
-
-
 @pytest.fixture(scope="module")
-def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FaultUpstream]]:
-    with contextlib.ExitStack() as stack:
-        started = []
-        for _ in range(2):
-            port = free_port()
-            command = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port)]
-            log = tmp_path_factory.mktemp("fault") / "upstream.log"
-            ready = f"http://127.0.0.1:{port}/health"
-            process = stack.enter_context(peer_process([*command, "--delay", "0.001"], ready, log))
-            started.append(FaultUpstream(process, port))
+def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FaultUpstreamProcess]]:
+    folder = tmp_path_factory.mktemp("fault")
+    started: list[FaultUpstreamProcess] = []
+    try:
+        for i in range(2):
+            log = folder / f"upstream-{i}.log"
+            started.append(start_upstream(free_port(), "--delay", "0.001", log=log))
         yield started
+    finally:
+        for upstream in started:
+            upstream.stop()
 
 
 @pytest.fixture(autouse=True)
-def normal(upstreams: list[FaultUpstream]) -> None:
+def normal(upstreams: list[FaultUpstreamProcess]) -> None:
     for upstream in upstreams:
         upstream.control(reset_all=True)
         upstream.control(reset_stats=True)
@@ -94,16 +70,12 @@ def gateway_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _metric(gateway: GatewayProcess, name: str, **labels: str) -> float:
-    return metric_value(gateway.url, name, **labels)
-
-
 def _events(response: httpx.Response) -> list[str]:
     return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def test_retries_honour_retry_after_and_then_succeed(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -120,9 +92,11 @@ def test_retries_honour_retry_after_and_then_succeed(
         assert all(gap >= 0.95 for gap in gaps), gaps
         assert time.monotonic() - started >= 1.9
         label = upstream.url
-        assert _metric(gateway, "sluicegate_upstream_retries_total", upstream=label) == 2
+        assert metric_value(gateway.url, "sluicegate_upstream_retries_total", upstream=label) == 2
         assert (
-            _metric(gateway, "sluicegate_upstream_requests_total", upstream=label, outcome="ok")
+            metric_value(
+                gateway.url, "sluicegate_upstream_requests_total", upstream=label, outcome="ok"
+            )
             == 1
         )
     finally:
@@ -130,7 +104,7 @@ def test_retries_honour_retry_after_and_then_succeed(
 
 
 def test_retries_give_up_with_the_upstreams_error(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], upstream_max_retries="2")
@@ -151,7 +125,9 @@ def test_retries_give_up_with_the_upstreams_error(
         gateway.stop()
 
 
-def test_the_breaker_opens_then_closes(upstreams: list[FaultUpstream], gateway_dir: Path) -> None:
+def test_the_breaker_opens_then_closes(
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+) -> None:
     upstream = upstreams[0]
     gateway = _gateway(
         gateway_dir,
@@ -166,7 +142,7 @@ def test_the_breaker_opens_then_closes(upstreams: list[FaultUpstream], gateway_d
         for _ in range(3):
             reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
             assert reply.status_code == 502
-        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 1
+        assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 1
         # Open: refused at once, without reaching the upstream.
         reached = len(upstream.arrivals())
         reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
@@ -174,17 +150,17 @@ def test_the_breaker_opens_then_closes(upstreams: list[FaultUpstream], gateway_d
         assert len(upstream.arrivals()) == reached
         upstream.control(reset_all=True)
         time.sleep(1.6)
-        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 2
+        assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 2
         # Half-open: the trial request succeeds and closes it.
         reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
         assert reply.status_code == 200
-        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 0
+        assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 0
     finally:
         gateway.stop()
 
 
 def test_nothing_is_retried_after_the_first_byte(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -207,7 +183,7 @@ def test_nothing_is_retried_after_the_first_byte(
 
 
 def test_a_client_disconnect_closes_the_upstream_request(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     # With HTTP/2 on: offered over TLS only, so plain http here stays HTTP/1.1.
@@ -232,7 +208,7 @@ def test_a_client_disconnect_closes_the_upstream_request(
 
 
 def test_two_upstreams_one_down_every_request_succeeds(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     up, flaky = upstreams
@@ -254,7 +230,7 @@ def test_two_upstreams_one_down_every_request_succeeds(
                 assert reply.text.rstrip().endswith("data: [DONE]")
                 assert '"error"' not in reply.text
         assert len(up.arrivals()) == 20
-        retries = _metric(gateway, "sluicegate_upstream_retries_total")
+        retries = metric_value(gateway.url, "sluicegate_upstream_retries_total")
         assert retries >= 1
         ready = httpx.get(gateway.url + "/ready")
         assert ready.status_code == 200
@@ -263,7 +239,7 @@ def test_two_upstreams_one_down_every_request_succeeds(
 
 
 def test_ready_is_503_while_no_upstream_is_healthy(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -274,7 +250,7 @@ def test_ready_is_503_while_no_upstream_is_healthy(
         while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code == 200:
             time.sleep(0.1)
         assert httpx.get(gateway.url + "/ready").status_code == 503
-        assert _metric(gateway, "sluicegate_upstream_healthy", upstream=upstream.url) == 0
+        assert metric_value(gateway.url, "sluicegate_upstream_healthy", upstream=upstream.url) == 0
         upstream.control(reset_all=True)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code != 200:
@@ -285,7 +261,7 @@ def test_ready_is_503_while_no_upstream_is_healthy(
 
 
 def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], rate_limit_tokens_per_minute="600")
@@ -316,7 +292,7 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
 
 
 def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     stalled, up = upstreams
     # Weighted 1000:1, the stalled upstream is nearly always the first pick.
@@ -343,9 +319,9 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
         assert len(up.arrivals()) == sent  # every request was answered by the other one
         label = stalled.url
         requests = "sluicegate_upstream_requests_total"
-        assert _metric(gateway, requests, upstream=label, outcome="timeout") == stalls
-        assert _metric(gateway, requests, upstream=label, outcome="reset") == 0
-        retries = _metric(gateway, "sluicegate_upstream_retries_total", upstream=label)
+        assert metric_value(gateway.url, requests, upstream=label, outcome="timeout") == stalls
+        assert metric_value(gateway.url, requests, upstream=label, outcome="reset") == 0
+        retries = metric_value(gateway.url, "sluicegate_upstream_retries_total", upstream=label)
         assert retries == stalls
         # Not on the same upstream again: with both stalled, one try each, then a 504.
         up.control(stall=10)
@@ -358,7 +334,7 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
 
 
 def test_retries_stop_when_the_retry_budget_is_spent(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(
@@ -381,15 +357,15 @@ def test_retries_stop_when_the_retry_budget_is_spent(
         # Unbounded, each request would be tried 3 times (30 hits). The budget allows the
         # reserve of 2, then 0.2 of a retry per request: 2 + 2.
         assert requests + 2 <= hits <= requests + 2 + 2, hits
-        assert _metric(gateway, "sluicegate_upstream_retries_total") == hits - requests
-        denied = _metric(gateway, "sluicegate_upstream_retries_denied_total")
+        assert metric_value(gateway.url, "sluicegate_upstream_retries_total") == hits - requests
+        denied = metric_value(gateway.url, "sluicegate_upstream_retries_denied_total")
         assert denied >= requests - 2 - 2
     finally:
         gateway.stop()
 
 
 def test_the_served_model_name_aliases_the_upstreams_model(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], served_model_name="house-model")
@@ -411,7 +387,7 @@ def test_the_served_model_name_aliases_the_upstreams_model(
 
 
 def test_sequential_requests_reuse_the_upstream_connections(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
@@ -464,7 +440,7 @@ def _until_served(gateway: GatewayProcess, within: float) -> float:
 
 
 def test_an_endless_retry_after_is_clamped_and_a_good_probe_ends_a_503s_wait(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -487,7 +463,7 @@ def test_an_endless_retry_after_is_clamped_and_a_good_probe_ends_a_503s_wait(
 
 
 def test_a_429s_retry_after_is_clamped_and_kept_through_good_probes(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -507,7 +483,7 @@ def test_a_429s_retry_after_is_clamped_and_kept_through_good_probes(
 
 
 def test_a_slow_client_holds_the_upstream_back_instead_of_the_gateway_buffering(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     chunks, size = 1024, 64 * 1024  # a 64 MiB answer
@@ -538,7 +514,7 @@ def test_a_slow_client_holds_the_upstream_back_instead_of_the_gateway_buffering(
 
 
 def test_an_upstream_refusing_the_gateways_credentials_is_a_502_and_a_failure(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -561,14 +537,14 @@ def test_an_upstream_refusing_the_gateways_credentials_is_a_502_and_a_failure(
             gateway.log()
         )
         requests = "sluicegate_upstream_requests_total"
-        assert _metric(gateway, requests, upstream=label, outcome="auth_error") == 2
-        assert _metric(gateway, requests, upstream=label, outcome="ok") == 0
+        assert metric_value(gateway.url, requests, upstream=label, outcome="auth_error") == 2
+        assert metric_value(gateway.url, requests, upstream=label, outcome="ok") == 0
         # Two failures in a row: its breaker is open.
-        assert _metric(gateway, "sluicegate_upstream_breaker_state", upstream=label) == 1
+        assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 1
 
 
 def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -582,7 +558,9 @@ def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
             assert error["type"] == "invalid_request_error"
             assert error["message"] == f"injected {status}"
         requests = "sluicegate_upstream_requests_total"
-        assert _metric(gateway, requests, upstream=upstream.url, outcome="client_error") == 3
+        assert (
+            metric_value(gateway.url, requests, upstream=upstream.url, outcome="client_error") == 3
+        )
         # Failures say what failed, not where: the upstream's address is for logs and metrics.
         address = f"127.0.0.1:{upstream.port}"
         for fault in ({"reset": "before"}, {"stall": 5}):
@@ -599,7 +577,7 @@ def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
 
 
 def test_a_failed_try_with_nowhere_left_to_retry_gets_its_own_error(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     # Its first failure opens the breaker: the retry finds no upstream available.
@@ -614,7 +592,7 @@ def test_a_failed_try_with_nowhere_left_to_retry_gets_its_own_error(
 
 
 def test_the_gateways_internal_priority_is_not_sent_upstream(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     key = "sk-upstream-priority"
@@ -640,7 +618,7 @@ def test_the_gateways_internal_priority_is_not_sent_upstream(
 
 
 def test_content_holding_a_record_separator_reaches_the_client_as_it_is(
-    upstreams: list[FaultUpstream], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
 ) -> None:
     upstream = upstreams[0]
     words = ["a\x1eb", " \x1e{}\x1e", " c"]

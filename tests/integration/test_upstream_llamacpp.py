@@ -17,7 +17,7 @@ from openai import OpenAI
 from sluicegate.engine.model import GGUF_FILE, bundled_model_dir, gguf_folder
 from sluicegate.settings import Settings
 from tests.integration.conftest import chat_prompt_tokens
-from tests.integration.server import GatewayProcess, free_port, peer_process, start_gateway
+from tests.support.gateway import GatewayProcess, free_port, peer_process, start_gateway
 
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

@@ -1,6 +1,6 @@
 """Upstream mode counting with the upstream's own `/tokenize`: a bounded number of calls.
 
-The upstream is `tests.fault_upstream --tokenize`, whose toy tokenizer answers in vLLM's
+The upstream is `tests.support.fault_upstream --tokenize`, whose toy tokenizer answers in vLLM's
 shape and whose completion routes refuse (400, as vLLM's) a prompt that does not fit its
 window; `/_stats` counts the `/tokenize` calls. Each call is one HTTP request, so the budget
 must fit a long conversation with a handful of them, not one per message and sentence.
@@ -8,15 +8,15 @@ must fit a long conversation with a handful of them, not one per message and sen
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fault_upstream import FaultUpstreamProcess
-from tests.integration.server import GatewayProcess, free_port, peer_process, start_gateway
+from tests.support.fault_upstream import FaultUpstreamProcess
+from tests.support.fault_upstream import start as start_upstream
+from tests.support.gateway import GatewayProcess, free_port, start_gateway
 
 MAX_TOKENIZE_CALLS = 8
 SENTENCE = "The gate held back the water while the fields below stayed green. "
@@ -38,14 +38,12 @@ def upstream(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[FaultUpstreamProcess, int]]:
     window = int(request.param)
-    port = free_port()
-    command = [
-        sys.executable, "-m", "tests.fault_upstream", "--port", str(port),
-        "--tokenize", "--max-model-len", str(window),
-    ]  # fmt: skip
     log = tmp_path_factory.mktemp("fault") / "upstream.log"
-    with peer_process(command, f"http://127.0.0.1:{port}/health", log) as process:
-        yield FaultUpstreamProcess(process, port), window
+    upstream = start_upstream(free_port(), "--tokenize", "--max-model-len", str(window), log=log)
+    try:
+        yield upstream, window
+    finally:
+        upstream.stop()
 
 
 @pytest.fixture

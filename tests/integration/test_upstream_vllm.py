@@ -20,7 +20,7 @@ from openai import OpenAI
 import sluicegate.engine
 from sluicegate.engine.model import bundled_model_dir
 from sluicegate.settings import Settings
-from tests.integration.server import GatewayProcess, free_port, peer_process, start_gateway
+from tests.support.gateway import GatewayProcess, free_port, peer_process, start_gateway
 
 MODEL = "SmolLM2-135M-Instruct"
 TEMPLATE = Path(sluicegate.engine.__file__).parent / "templates" / "smollm2_tools.jinja"

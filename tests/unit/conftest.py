@@ -7,9 +7,7 @@ import pytest
 import redis
 
 from sluicegate.engine.tokenizer import HFPromptTokenizer
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-"""The Redis that `make test` makes sure answers (scripts/ensure-redis.sh)."""
+from tests.support.redis_server import shared_redis_url
 
 
 @pytest.fixture
@@ -17,7 +15,7 @@ def prefix() -> Iterator[str]:
     """A Redis key prefix of the test's own, its keys deleted afterwards."""
     value = f"test-{uuid.uuid4().hex}"
     yield value
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(shared_redis_url())
     keys = list(client.scan_iter(match=f"{value}*"))
     if keys:
         client.delete(*keys)

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, chat_body, fake_app
 
 MODEL = FAKE_MODEL
 
@@ -24,10 +24,6 @@ def engine() -> FakeEngine:
 def client(engine: FakeEngine) -> Iterator[TestClient]:
     with TestClient(fake_app(engine)) as test_client:
         yield test_client
-
-
-def chat_body(**extra: object) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], **extra}
 
 
 def sse_data(text: str) -> list[str]:

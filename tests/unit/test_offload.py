@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sluicegate.offload import ProcessOffload, QueueFullError
-from tests.fakes import FAKE_MODEL, fake_app
+from tests.support.fakes import FAKE_MODEL, fake_app
 
 
 async def test_calls_past_the_bounds_are_refused_at_once_and_the_slots_come_back() -> None:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
 from sluicegate.server import DrainingServer, exposure_warning, server_config
 from sluicegate.settings import Settings
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
-from tests.integration.server import free_port
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
+from tests.support.gateway import free_port
+from tests.support.metrics import local_value
 
 
 @dataclass
@@ -157,10 +157,7 @@ def test_connections_past_max_connections_are_refused_in_our_envelope_the_first_
 
 
 def refused_connections() -> float:
-    value = REGISTRY.get_sample_value(
-        "sluicegate_admission_refused_total", {"reason": "connections"}
-    )
-    return value or 0.0
+    return local_value("sluicegate_admission_refused_total", reason="connections")
 
 
 def test_a_slot_freed_before_its_request_goes_to_a_connection_accepted_past_the_limit() -> None:

@@ -16,7 +16,7 @@ from sluicegate.engine.protocol import EngineLoad
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.settings import Settings
-from tests.integration.redis_server import RedisProcess
+from tests.support.redis_server import RedisProcess, shared_redis_url
 
 
 def settings(**values: object) -> Settings:
@@ -74,7 +74,7 @@ async def test_the_upstream_timeouts_reach_its_client_and_the_retry_burst_its_bu
 
 
 async def test_the_redis_pool_is_bounded_and_waits_for_a_connection() -> None:
-    config = settings(redis_url="redis://127.0.0.1:6379/0", redis_max_connections=3)
+    config = settings(redis_url=shared_redis_url(), redis_max_connections=3)
     client = wiring.open_redis(config)
     assert client is not None
     try:

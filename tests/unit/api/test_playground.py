@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from sluicegate.settings import Settings
-from tests.fakes import fake_app
+from tests.support.fakes import fake_app
 
 IDS = ("prompt", "send", "stop", "output", "ttft", "cache", "error")
 

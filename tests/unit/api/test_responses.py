@@ -10,7 +10,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 KEY_A, KEY_B = "sk-resp-a", "sk-resp-b"
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sluicegate.api.route import LARGE_BODY_BYTES
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
 
 JSON = {"content-type": "application/json"}
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 
 @pytest.fixture

@@ -22,21 +22,11 @@ from sluicegate.cache.store import RedisStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
 from sluicegate.observability.metrics import CACHE_NEAR_REQUESTS
 from sluicegate.wiring import redis_client
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
-from tests.integration.redis_server import RedisProcess, running_redis
-from tests.unit.cache.test_near import answer
+from tests.support.fakes import FakeEngine, fake_app, fake_completion, greedy_chat, serve_in_thread
+from tests.support.redis_server import RedisProcess, running_redis
 
 MAX_LAG = 0.3
 PREFIX = "near"
-
-
-def chat(text: str = "Say hello", **extra: Any) -> dict[str, Any]:
-    return {
-        "model": FAKE_MODEL,
-        "messages": [{"role": "user", "content": text}],
-        "temperature": 0,
-        **extra,
-    }
 
 
 def near_hits() -> float:
@@ -116,25 +106,25 @@ async def test_both_gateways_hit_and_a_replacement_through_one_reaches_the_other
     gateways: list[Gateway],
 ) -> None:
     a, b = gateways
-    assert (await a.ask(chat()))[:2] == ("MISS", "Hello there")
-    assert await near_hit_on(a, chat()) == "Hello there"
-    assert await near_hit_on(b, chat()) == "Hello there"
+    assert (await a.ask(greedy_chat()))[:2] == ("MISS", "Hello there")
+    assert await near_hit_on(a, greedy_chat()) == "Hello there"
+    assert await near_hit_on(b, greedy_chat()) == "Hello there"
 
     a.engine.words = ["Fresh", " words"]
-    outcome, text, _ = await a.ask(chat(), **{"cache-control": "no-cache"})
+    outcome, text, _ = await a.ask(greedy_chat(), **{"cache-control": "no-cache"})
     assert (outcome, text) == ("BYPASS", "Fresh words")
-    assert await first_change(b, chat(), "Hello there") < 0.1
+    assert await first_change(b, greedy_chat(), "Hello there") < 0.1
     for gateway in (a, b):
-        outcome, text, _ = await gateway.ask(chat())
+        outcome, text, _ = await gateway.ask(greedy_chat())
         assert (outcome, text) == ("HIT", "Fresh words")
-    assert await near_hit_on(b, chat()) == "Fresh words"
+    assert await near_hit_on(b, greedy_chat()) == "Fresh words"
 
 
 async def test_an_entry_deleted_or_flushed_in_redis_is_a_miss_on_both(
     gateways: list[Gateway], raw: redis.Redis
 ) -> None:
     a = gateways[0]
-    one, two = chat("one"), chat("two more words")
+    one, two = greedy_chat("one"), greedy_chat("two more words")
     for gateway in gateways:
         gateway.engine.words = ["Old"]
     await a.ask(one)
@@ -161,8 +151,8 @@ async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(
     gateways: list[Gateway], server: RedisProcess
 ) -> None:
     a, b = gateways
-    await a.ask(chat())
-    await near_hit_on(b, chat())
+    await a.ask(greedy_chat())
+    await near_hit_on(b, greedy_chat())
     b.engine.words = ["Regenerated"]
 
     server.kill()
@@ -170,16 +160,16 @@ async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(
     # which may come just after the next request (and a silent connection within MAX_LAG):
     # until then B may serve only the entry it held, then it answers from its engine.
     deadline = time.monotonic() + MAX_LAG
-    while (got := await b.ask(chat()))[0] == "HIT":
+    while (got := await b.ask(greedy_chat()))[0] == "HIT":
         assert got[1] == "Hello there" and time.monotonic() < deadline, got
         await asyncio.sleep(0.01)
     assert got == ("MISS", "Regenerated", 0)
     server.start()  # empty: what the near caches held is gone from Redis
     b.engine.words = ["After restart"]
-    outcome, text, _ = await b.ask(chat())
+    outcome, text, _ = await b.ask(greedy_chat())
     assert outcome != "HIT" or text == "After restart"
     # Tracking comes back by itself, and the near cache with it.
-    assert await near_hit_on(b, chat(), within=5.0) == "After restart"
+    assert await near_hit_on(b, greedy_chat(), within=5.0) == "After restart"
 
 
 async def test_redis_frozen_the_near_cache_stops_serving_after_max_lag_and_resumes(
@@ -189,18 +179,18 @@ async def test_redis_frozen_the_near_cache_stops_serving_after_max_lag_and_resum
     may still serve (nothing can change in Redis unreported for longer than that); after
     it, it serves nothing until Redis answers again."""
     b = gateways[1]
-    await b.ask(chat())
-    await near_hit_on(b, chat())
+    await b.ask(greedy_chat())
+    await near_hit_on(b, greedy_chat())
     b.engine.words = ["From the engine"]
     server.freeze()
     try:
         await asyncio.sleep(MAX_LAG + 0.05)
-        outcome, text, hits = await b.ask(chat())
+        outcome, text, hits = await b.ask(greedy_chat())
         assert (outcome, text, hits) == ("MISS", "From the engine", 0)
     finally:
         server.thaw()
     # The same connection answers again, having missed nothing: the entries were kept.
-    assert await near_hit_on(b, chat(), within=3.0) == "Hello there"
+    assert await near_hit_on(b, greedy_chat(), within=3.0) == "Hello there"
 
 
 async def test_entries_read_from_redis_are_kept_within_the_bound(
@@ -223,7 +213,7 @@ async def test_entries_read_from_redis_are_kept_within_the_bound(
         listener,
     )
     keys = [f"{PREFIX}:cache:v1:m:{i:064x}" for i in range(2000)]
-    completion = answer("A river is a natural stream of water.")
+    completion = fake_completion("A river is a natural stream of water.")
     with raw.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.set(key, encode_entry(key, completion, time.time()), px=600_000)

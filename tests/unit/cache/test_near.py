@@ -8,34 +8,16 @@ import os
 import tracemalloc
 
 from sluicegate.cache.near import NearCache, NearEntry
-from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
 from sluicegate.wire.body_template import BodyTemplate
 from sluicegate.wire.completion import ChoiceState, Collector, Completion
 from sluicegate.wire.formats import chat_format
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def answer(text: str = "Hello there", logprobs: int = 0, choices: int = 1) -> Completion:
-    collector = Collector(range(choices))
-    for index in range(choices):
-        for word in text.split(" "):
-            top = tuple((f"{word}{k}", -1.0 - k) for k in range(logprobs))
-            lp = [TokenLogprob(word, -0.5, top)] if logprobs else None
-            collector.add(ChoiceDelta(index, word + " ", 1, None, lp))
-        collector.add(ChoiceDelta(index, "", 0, "stop"))
-    return collector.completion(3)
+from tests.support.clock import Clock
+from tests.support.fakes import fake_completion
 
 
 def kept(near: NearCache, key: str, clock: Clock, ttl: float = 60.0) -> NearEntry:
     token = near.begin_fill(key)
-    return near.fill(key, token, answer(), 0.0, clock.now + ttl)
+    return near.fill(key, token, fake_completion(), 0.0, clock.now + ttl)
 
 
 def connected(max_bytes: int = 1 << 20, fresh_for: float = 1.0) -> tuple[NearCache, Clock]:
@@ -57,7 +39,7 @@ def test_a_change_reported_during_the_read_keeps_its_result_out() -> None:
     near, clock = connected()
     token = near.begin_fill("k")
     near.invalidate(["k"])  # the key changed while its old value was on the way
-    entry = near.fill("k", token, answer(), 0.0, clock.now + 60)
+    entry = near.fill("k", token, fake_completion(), 0.0, clock.now + 60)
     assert entry.completion.choices[0].text  # this request may use what it read
     assert near.get("k") is None and len(near) == 0
 
@@ -66,7 +48,7 @@ def test_a_flush_during_the_read_keeps_its_result_out() -> None:
     near, clock = connected()
     token = near.begin_fill("k")
     near.flush()
-    near.fill("k", token, answer(), 0.0, clock.now + 60)
+    near.fill("k", token, fake_completion(), 0.0, clock.now + 60)
     assert near.get("k") is None
 
 
@@ -84,7 +66,7 @@ def test_nothing_is_kept_or_served_while_disconnected() -> None:
     near.disconnect()
     assert len(near) == 0 and near.size_bytes == 0
     assert near.begin_fill("k") is None
-    near.fill("k", None, answer(), 0.0, clock.now + 60)
+    near.fill("k", None, fake_completion(), 0.0, clock.now + 60)
     assert len(near) == 0
 
 
@@ -130,10 +112,10 @@ def test_the_size_counted_is_at_least_the_memory_held() -> None:
     """Decoded entries of several shapes (short and long text, many choices, logprobs with
     alternatives) and their rendered bodies: the bound is never below what they hold."""
     shapes = [
-        answer("Hi"),
-        answer(" ".join(["word"] * 200)),
-        answer("naïve café " * 20, choices=4),
-        answer(" ".join(["tok"] * 50), logprobs=5),
+        fake_completion("Hi"),
+        fake_completion(" ".join(["word"] * 200)),
+        fake_completion("naïve café " * 20, choices=4),
+        fake_completion(" ".join(["tok"] * 50), logprobs=5),
     ]
     for completion in shapes:
         near, clock = connected(max_bytes=1 << 30, fresh_for=100)

@@ -1,5 +1,5 @@
 """The response cache through real HTTP, over the fake engine, with the in-memory store and
-with the real Redis at 127.0.0.1:6379 (each test under its own key prefix)."""
+with a real Redis (the test process's own, each test under its own key prefix)."""
 
 from __future__ import annotations
 
@@ -21,32 +21,18 @@ from sluicegate.observability.metrics import (
     CACHE_STORE_ERRORS,
     CACHE_TTL_SECONDS,
 )
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
-from tests.integration.redis_server import RedisProcess
-from tests.unit.conftest import REDIS_URL
+from tests.support.fakes import (
+    SLOW_OK,
+    FakeEngine,
+    fake_app,
+    greedy_chat,
+    post,
+    serve_in_thread,
+    sse_payloads,
+)
+from tests.support.redis_server import RedisProcess, shared_redis_url
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
-
-
-def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": FAKE_MODEL, "messages": MESSAGES, "temperature": 0, **extra}
-
-
-def sse_payloads(text: str) -> list[Any]:
-    """The JSON events of a stream, without the fields that differ per response."""
-    events: list[Any] = []
-    for line in text.splitlines():
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
-        if data == "[DONE]":
-            events.append(data)
-            continue
-        event = json.loads(data)
-        event.pop("id", None)
-        event.pop("created", None)
-        events.append(event)
-    return events
 
 
 def answer(body: dict[str, Any]) -> Any:
@@ -54,15 +40,15 @@ def answer(body: dict[str, Any]) -> Any:
     return {k: v for k, v in body.items() if k not in {"id", "created"}}
 
 
-# Generous, for the tests that count generations: a busy machine must not make them fail open.
-SLOW_OK = 1.0
-
-
 @pytest.fixture(params=["memory", "redis"])
 def store_settings(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
     if request.param == "memory":
         return {}
-    return {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    return {
+        "redis_url": shared_redis_url(),
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+    }
 
 
 @pytest.fixture
@@ -79,17 +65,11 @@ async def http(
             yield client
 
 
-async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) -> httpx.Response:
-    response = await http.post("/v1/chat/completions", json=body, headers=headers)
-    assert response.status_code == 200, response.text
-    return response
-
-
 async def test_second_identical_request_is_a_hit_with_the_original_usage(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    first = await post(http, chat(max_tokens=8))
-    second = await post(http, chat(max_tokens=8))
+    first = await post(http, greedy_chat(max_tokens=8))
+    second = await post(http, greedy_chat(max_tokens=8))
     assert first.headers["x-cache"] == "MISS" and "age" not in first.headers
     assert second.headers["x-cache"] == "HIT" and int(second.headers["age"]) >= 0
     assert answer(second.json()) == answer(first.json())
@@ -101,8 +81,8 @@ async def test_second_identical_request_is_a_hit_with_the_original_usage(
 async def test_key_order_and_whitespace_outside_strings_do_not_change_the_key(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    compact = json.dumps(chat(max_tokens=5), separators=(",", ":"))
-    body = chat(max_tokens=5)
+    compact = json.dumps(greedy_chat(max_tokens=5), separators=(",", ":"))
+    body = greedy_chat(max_tokens=5)
     reordered = json.dumps(dict(reversed(list(body.items()))), indent=3)
     headers = {"content-type": "application/json"}
     first = await http.post("/v1/chat/completions", content=compact, headers=headers)
@@ -115,9 +95,9 @@ async def test_sampled_requests_bypass_the_cache(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     for _ in range(2):
-        response = await post(http, chat(temperature=0.8))
+        response = await post(http, greedy_chat(temperature=0.8))
         assert response.headers["x-cache"] == "BYPASS"
-    seeded = [await post(http, chat(temperature=0.8, seed=3)) for _ in range(2)]
+    seeded = [await post(http, greedy_chat(temperature=0.8, seed=3)) for _ in range(2)]
     assert [r.headers["x-cache"] for r in seeded] == ["MISS", "HIT"]
     assert len(engine.requests) == 3
 
@@ -125,12 +105,12 @@ async def test_sampled_requests_bypass_the_cache(
 async def test_no_cache_skips_the_lookup_and_refreshes_the_entry(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    await post(http, chat())
+    await post(http, greedy_chat())
     engine.words = ["Fresh", " words"]
-    refreshed = await post(http, chat(), **{"cache-control": "no-cache"})
+    refreshed = await post(http, greedy_chat(), **{"cache-control": "no-cache"})
     assert refreshed.headers["x-cache"] == "BYPASS"
     assert refreshed.json()["choices"][0]["message"]["content"] == "Fresh words"
-    again = await post(http, chat())
+    again = await post(http, greedy_chat())
     assert again.headers["x-cache"] == "HIT"
     assert again.json()["choices"][0]["message"]["content"] == "Fresh words"
 
@@ -138,17 +118,17 @@ async def test_no_cache_skips_the_lookup_and_refreshes_the_entry(
 async def test_no_store_is_served_but_not_stored(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    first = await post(http, chat(), **{"cache-control": "no-store"})
-    second = await post(http, chat())
+    first = await post(http, greedy_chat(), **{"cache-control": "no-store"})
+    second = await post(http, greedy_chat())
     assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "MISS")
-    assert (await post(http, chat())).headers["x-cache"] == "HIT"
+    assert (await post(http, greedy_chat())).headers["x-cache"] == "HIT"
     assert len(engine.requests) == 2
 
 
 async def test_stream_hit_replays_the_live_stream(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    body = chat(stream=True, stream_options={"include_usage": True})
+    body = greedy_chat(stream=True, stream_options={"include_usage": True})
     live = await post(http, body)
     replay = await post(http, body)
     assert (live.headers["x-cache"], replay.headers["x-cache"]) == ("MISS", "HIT")
@@ -167,8 +147,8 @@ async def test_stream_hit_replays_the_live_stream(
 async def test_streamed_and_non_streamed_requests_share_entries(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    streamed = await post(http, chat(stream=True, max_tokens=3))
-    plain = await post(http, chat(max_tokens=3))
+    streamed = await post(http, greedy_chat(stream=True, max_tokens=3))
+    plain = await post(http, greedy_chat(max_tokens=3))
     assert plain.headers["x-cache"] == "HIT"
     text = "".join(
         e["choices"][0]["delta"].get("content", "")
@@ -178,8 +158,8 @@ async def test_streamed_and_non_streamed_requests_share_entries(
     assert plain.json()["choices"][0]["message"]["content"] == text == "Hello there,"
     assert plain.json()["choices"][0]["finish_reason"] == "length"
 
-    await post(http, chat(max_tokens=4))
-    replay = await post(http, chat(max_tokens=4, stream=True))
+    await post(http, greedy_chat(max_tokens=4))
+    replay = await post(http, greedy_chat(max_tokens=4, stream=True))
     assert replay.headers["x-cache"] == "HIT"
     assert len(engine.requests) == 2
 
@@ -188,7 +168,9 @@ async def test_an_abandoned_stream_is_not_stored(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     engine.step_delay = 0.2
-    async with http.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
+    async with http.stream(
+        "POST", "/v1/chat/completions", json=greedy_chat(stream=True)
+    ) as response:
         assert response.headers["x-cache"] == "MISS"
         async for _ in response.aiter_bytes():
             break  # leave after the first event
@@ -198,18 +180,18 @@ async def test_an_abandoned_stream_is_not_stored(
         await asyncio.sleep(0.02)
     assert not engine.active, "the engine request was aborted"
     engine.step_delay = 0
-    assert (await post(http, chat(stream=True))).headers["x-cache"] == "MISS"
+    assert (await post(http, greedy_chat(stream=True))).headers["x-cache"] == "MISS"
     assert len(engine.requests) == 2
 
 
 async def test_errors_are_never_cached(http: httpx.AsyncClient, engine: FakeEngine) -> None:
     engine.fail_after_words = 2
-    failed = await http.post("/v1/chat/completions", json=chat())
+    failed = await http.post("/v1/chat/completions", json=greedy_chat())
     assert failed.status_code == 503
-    streamed = await http.post("/v1/chat/completions", json=chat(stream=True))
+    streamed = await http.post("/v1/chat/completions", json=greedy_chat(stream=True))
     assert '"error"' in streamed.text
     engine.fail_after_words = None
-    response = await post(http, chat())
+    response = await post(http, greedy_chat())
     assert response.headers["x-cache"] == "MISS"
     assert response.json()["choices"][0]["message"]["content"] == "Hello there, friend!"
 
@@ -219,7 +201,7 @@ async def test_fifty_identical_requests_cause_one_generation(
 ) -> None:
     engine.step_delay = 0.05
     followers = CACHE_STAMPEDE_FOLLOWERS._value.get()
-    bodies = [chat(stream=i % 2 == 0) for i in range(50)]
+    bodies = [greedy_chat(stream=i % 2 == 0) for i in range(50)]
     responses = await asyncio.gather(*(post(http, b) for b in bodies))
     outcomes = sorted(r.headers["x-cache"] for r in responses)
     assert outcomes == ["HIT"] * 49 + ["MISS"]
@@ -257,9 +239,9 @@ async def test_followers_of_a_failed_leader_generate_for_themselves(
     engine = FailsFirst(words=["Hello", " there"], step_delay=0.1)
     with serve_in_thread(fake_app(engine, **store_settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+            leader = asyncio.create_task(client.post("/v1/chat/completions", json=greedy_chat()))
             await asyncio.sleep(0.05)
-            followers = [client.post("/v1/chat/completions", json=chat()) for _ in range(5)]
+            followers = [client.post("/v1/chat/completions", json=greedy_chat()) for _ in range(5)]
             responses = await asyncio.gather(*followers)
             assert (await leader).status_code == 503
     assert [r.status_code for r in responses] == [200] * 5
@@ -273,7 +255,7 @@ async def test_policy_off_bypasses_everything() -> None:
     with serve_in_thread(fake_app(engine, cache_policy="off")) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             for _ in range(2):
-                response = await post(client, chat())
+                response = await post(client, greedy_chat())
                 assert response.headers["x-cache"] == "BYPASS"
     assert len(engine.requests) == 2
 
@@ -289,7 +271,7 @@ def store_errors() -> float:
 
 
 def redis_entries(prefix: str) -> list[bytes]:
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(shared_redis_url())
     try:
         return [k for k in client.scan_iter(match=f"{prefix}:cache:*") if not k.endswith(b":lock")]
     finally:
@@ -298,7 +280,7 @@ def redis_entries(prefix: str) -> list[bytes]:
 
 async def test_redis_ttl_follows_the_policy(prefix: str) -> None:
     settings = {
-        "redis_url": REDIS_URL,
+        "redis_url": shared_redis_url(),
         "redis_key_prefix": prefix,
         "cache_redis_timeout": SLOW_OK,
         "cache_ttl_seconds": 100,
@@ -307,36 +289,42 @@ async def test_redis_ttl_follows_the_policy(prefix: str) -> None:
     engine = FakeEngine(delays=[0.3, 0.3, 0.3])  # ~0.9 s per generation: "slow"
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            await post(client, chat(max_tokens=3))
+            await post(client, greedy_chat(max_tokens=3))
             assert CACHE_TTL_SECONDS._value.get() == 50
             engine.delays = None  # fast from now on, but the average takes a while to follow
             for i in range(12):
-                await post(client, chat(max_tokens=2, seed=i))
+                await post(client, greedy_chat(max_tokens=2, seed=i))
             assert CACHE_TTL_SECONDS._value.get() == 300
     (slow_key,) = [
-        k for k in redis_entries(prefix) if redis.Redis.from_url(REDIS_URL).pttl(k) <= 55_000
+        k
+        for k in redis_entries(prefix)
+        if redis.Redis.from_url(shared_redis_url()).pttl(k) <= 55_000
     ]
-    pttl = redis.Redis.from_url(REDIS_URL).pttl(slow_key)
+    pttl = redis.Redis.from_url(shared_redis_url()).pttl(slow_key)
     assert 44_000 <= pttl <= 55_000
-    fast = [redis.Redis.from_url(REDIS_URL).pttl(k) for k in redis_entries(prefix)]
+    fast = [redis.Redis.from_url(shared_redis_url()).pttl(k) for k in redis_entries(prefix)]
     assert max(fast) > 260_000 and max(fast) <= 330_000
 
 
 async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
     engine = FakeEngine()
-    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    settings = {
+        "redis_url": shared_redis_url(),
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+    }
     errors = CACHE_STORE_ERRORS.labels(op="decode")._value.get()
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            await post(client, chat())
+            await post(client, greedy_chat())
             (entry,) = redis_entries(prefix)
-            raw = redis.Redis.from_url(REDIS_URL)
+            raw = redis.Redis.from_url(shared_redis_url())
             for garbage in (b"\x00garbage", b'{"version": 1, "key": "someone else"}'):
                 raw.set(entry, garbage)
-                response = await post(client, chat())
+                response = await post(client, greedy_chat())
                 assert response.headers["x-cache"] == "MISS"
                 assert response.json()["choices"][0]["message"]["content"] == "Hello there!"
-                assert (await post(client, chat())).headers["x-cache"] == "HIT"
+                assert (await post(client, greedy_chat())).headers["x-cache"] == "HIT"
             raw.close()
     assert CACHE_STORE_ERRORS.labels(op="decode")._value.get() - errors == 2
     assert len(engine.requests) == 3
@@ -355,7 +343,7 @@ async def test_unreachable_redis_serves_from_the_engine_and_warns_once(
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             for _ in range(5):
                 started = time.monotonic()
-                response = await post(client, chat())
+                response = await post(client, greedy_chat())
                 assert response.headers["x-cache"] == "MISS"
                 assert time.monotonic() - started < 1.0
     assert len(engine.requests) == 5
@@ -375,12 +363,12 @@ async def test_slow_redis_is_bounded_by_the_operation_timeout(
         settings = {"redis_url": server.url, "cache_redis_timeout": 0.05}
         with serve_in_thread(fake_app(engine, **settings)) as url:
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                await post(client, chat())  # warm the connection pool
+                await post(client, greedy_chat())  # warm the connection pool
                 await asyncio.sleep(0.3)  # the lock release runs after the response
                 server.pause(2.0)
                 await asyncio.sleep(0.2)
                 started = time.monotonic()
-                response = await post(client, chat())
+                response = await post(client, greedy_chat())
                 elapsed = time.monotonic() - started
         assert response.headers["x-cache"] == "MISS" and elapsed < 0.5
         assert store_errors() > errors
@@ -390,7 +378,11 @@ async def test_slow_redis_is_bounded_by_the_operation_timeout(
 
 async def test_two_gateways_on_one_redis_generate_once_for_fifty_requests(prefix: str) -> None:
     engines = [FakeEngine(step_delay=0.05), FakeEngine(step_delay=0.05)]
-    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    settings = {
+        "redis_url": shared_redis_url(),
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+    }
     with (
         serve_in_thread(fake_app(engines[0], **settings)) as url_a,
         serve_in_thread(fake_app(engines[1], **settings)) as url_b,
@@ -399,7 +391,9 @@ async def test_two_gateways_on_one_redis_generate_once_for_fifty_requests(prefix
             httpx.AsyncClient(base_url=url_a, timeout=30) as a,
             httpx.AsyncClient(base_url=url_b, timeout=30) as b,
         ):
-            responses = await asyncio.gather(*(post((a, b)[i % 2], chat()) for i in range(50)))
+            responses = await asyncio.gather(
+                *(post((a, b)[i % 2], greedy_chat()) for i in range(50))
+            )
     assert sum(len(e.requests) for e in engines) == 1
     assert sorted(r.headers["x-cache"] for r in responses) == ["HIT"] * 49 + ["MISS"]
 
@@ -413,9 +407,11 @@ async def test_fast_path_hits_still_count_against_rate_limits() -> None:
     auth = {"authorization": "Bearer sk-limited-01"}
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30, headers=auth) as client:
-            responses = [await client.post("/v1/chat/completions", json=chat()) for _ in range(4)]
+            responses = [
+                await client.post("/v1/chat/completions", json=greedy_chat()) for _ in range(4)
+            ]
             anonymous = await client.post(
-                "/v1/chat/completions", json=chat(), headers={"authorization": ""}
+                "/v1/chat/completions", json=greedy_chat(), headers={"authorization": ""}
             )
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     assert [r.headers.get("x-cache") for r in responses[:3]] == ["MISS", "HIT", "HIT"]
@@ -428,15 +424,19 @@ async def test_fast_path_hits_still_count_against_rate_limits() -> None:
 
 async def test_fast_path_falls_back_when_the_entry_is_gone(prefix: str) -> None:
     engine = FakeEngine()
-    settings = {"redis_url": REDIS_URL, "redis_key_prefix": prefix, "cache_redis_timeout": SLOW_OK}
+    settings = {
+        "redis_url": shared_redis_url(),
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+    }
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            await post(client, chat())
-            assert (await post(client, chat())).headers["x-cache"] == "HIT"
-            raw = redis.Redis.from_url(REDIS_URL)
+            await post(client, greedy_chat())
+            assert (await post(client, greedy_chat())).headers["x-cache"] == "HIT"
+            raw = redis.Redis.from_url(shared_redis_url())
             raw.delete(*redis_entries(prefix))
             raw.close()
-            again = await post(client, chat())
+            again = await post(client, greedy_chat())
     assert again.headers["x-cache"] == "MISS"
     assert again.json()["choices"][0]["message"]["content"] == "Hello there!"
     assert len(engine.requests) == 2
@@ -444,7 +444,7 @@ async def test_fast_path_falls_back_when_the_entry_is_gone(prefix: str) -> None:
 
 async def test_body_limits_apply_before_the_cache() -> None:
     engine = FakeEngine()
-    big = chat(messages=[{"role": "user", "content": "x " * 2000}])
+    big = greedy_chat(messages=[{"role": "user", "content": "x " * 2000}])
     payload = json.dumps(big).encode()
 
     async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: the limit is counted
@@ -465,8 +465,8 @@ async def test_hits_carry_the_budget_headers_of_the_original() -> None:
     engine = FakeEngine(max_model_len=64)
     with serve_in_thread(fake_app(engine)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            first = await post(client, chat(max_tokens=500))
-            second = await post(client, chat(max_tokens=500))
+            first = await post(client, greedy_chat(max_tokens=500))
+            second = await post(client, greedy_chat(max_tokens=500))
     budget = {k: v for k, v in first.headers.items() if k.startswith("x-budget-")}
     assert budget and second.headers["x-cache"] == "HIT"
     assert {k: v for k, v in second.headers.items() if k.startswith("x-budget-")} == budget
@@ -476,6 +476,47 @@ async def test_entries_over_the_size_limit_are_not_stored() -> None:
     engine = FakeEngine()
     with serve_in_thread(fake_app(engine, cache_max_entry_bytes=64)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            outcomes = [(await post(client, chat())).headers["x-cache"] for _ in range(2)]
+            outcomes = [(await post(client, greedy_chat())).headers["x-cache"] for _ in range(2)]
     assert outcomes == ["MISS", "MISS"]
     assert len(engine.requests) == 2
+
+
+ONE = {"authorization": "Bearer sk-one-0001"}
+TWO = {"authorization": "Bearer sk-two-0002"}
+
+
+async def test_with_api_keys_one_key_never_sees_another_keys_entries(
+    store_settings: dict[str, object],
+) -> None:
+    engine = FakeEngine()
+    with serve_in_thread(
+        fake_app(engine, api_keys="sk-one-0001,sk-two-0002", **store_settings)
+    ) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            first = await post(client, greedy_chat(), **ONE)
+            # The second is answered by the fast path (the body's note is in memory now).
+            again = await post(client, greedy_chat(), **ONE)
+            other = [
+                await post(client, greedy_chat(stream=stream), **TWO) for stream in (False, True)
+            ]
+            others_again = await post(client, greedy_chat(), **TWO)
+    assert (first.headers["x-cache"], again.headers["x-cache"]) == ("MISS", "HIT")
+    # Key two learns nothing of key one's prompt: no HIT, no Age.
+    assert [r.headers["x-cache"] for r in other] == ["MISS", "HIT"]
+    assert "age" not in other[0].headers
+    assert others_again.headers["x-cache"] == "HIT"
+    assert len(engine.requests) == 2
+
+
+async def test_sharing_across_keys_is_an_explicit_setting(
+    store_settings: dict[str, object],
+) -> None:
+    engine = FakeEngine()
+    settings = {"api_keys": "sk-one-0001,sk-two-0002", "cache_shared_across_keys": True}
+    with serve_in_thread(fake_app(engine, **settings, **store_settings)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await post(client, greedy_chat(), **ONE)
+            await post(client, greedy_chat(), **ONE)
+            other = await post(client, greedy_chat(), **TWO)
+    assert other.headers["x-cache"] == "HIT"
+    assert len(engine.requests) == 1

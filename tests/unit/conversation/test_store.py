@@ -13,7 +13,8 @@ import redis.asyncio
 from sluicegate.conversation.record import StoredResponse
 from sluicegate.conversation.store import MemoryResponseStore, RedisResponseStore, StoreConfig
 from sluicegate.errors import StoreUnavailableError
-from tests.unit.conftest import REDIS_URL
+from tests.support.clock import Clock
+from tests.support.redis_server import shared_redis_url
 
 CONFIG = StoreConfig(ttl=60, max_entry_bytes=10_000)
 
@@ -25,14 +26,6 @@ def record(text: str = "hello", response_id: str | None = None) -> StoredRespons
         "output": [{"type": "message", "role": "assistant", "content": [{"text": text}]}],
     }
     return StoredResponse(response, [{"type": "message", "role": "user", "content": "hi"}])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_record_continues_as_its_input_then_its_output() -> None:
@@ -72,7 +65,7 @@ async def test_a_record_larger_than_the_entry_bound_is_not_stored() -> None:
 
 
 async def test_memory_store_entries_expire() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = MemoryResponseStore(CONFIG, max_bytes=100_000, clock=clock)
     stored = record()
     await store.put("k", stored)
@@ -84,7 +77,7 @@ async def test_memory_store_entries_expire() -> None:
 
 @pytest.fixture
 async def client() -> AsyncIterator[redis.asyncio.Redis]:
-    c = redis.asyncio.Redis.from_url(REDIS_URL)
+    c = redis.asyncio.Redis.from_url(shared_redis_url())
     yield c
     await c.aclose()
 
@@ -106,11 +99,11 @@ async def test_redis_store_keeps_responses_per_key_with_the_ttl(
 
 async def test_redis_store_is_read_by_another_client(prefix: str) -> None:
     """What one gateway process stores, another (a replica, or after a restart) reads."""
-    first = redis.asyncio.Redis.from_url(REDIS_URL)
+    first = redis.asyncio.Redis.from_url(shared_redis_url())
     stored = record()
     await RedisResponseStore(first, CONFIG, prefix=prefix).put("k", stored)
     await first.aclose()
-    second = redis.asyncio.Redis.from_url(REDIS_URL)
+    second = redis.asyncio.Redis.from_url(shared_redis_url())
     assert await RedisResponseStore(second, CONFIG, prefix=prefix).get("k", stored.id) == stored
     await second.aclose()
 
@@ -234,8 +227,8 @@ async def test_redis_store_a_key_past_its_bound_loses_its_own_oldest_not_another
 async def test_redis_store_keeps_the_bound_with_replicas_writing_at_once(prefix: str) -> None:
     """Two clients (two replicas) writing one key's records concurrently: the total always
     matches the records kept, and never passes the bound."""
-    first = redis.asyncio.Redis.from_url(REDIS_URL)
-    second = redis.asyncio.Redis.from_url(REDIS_URL)
+    first = redis.asyncio.Redis.from_url(shared_redis_url())
+    second = redis.asyncio.Redis.from_url(shared_redis_url())
     stores = [RedisResponseStore(c, KEY_BOUND, prefix=prefix) for c in (first, second)]
     written = records(40)
     await asyncio.gather(*(stores[i % 2].put("k", r) for i, r in enumerate(written)))

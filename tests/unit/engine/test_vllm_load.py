@@ -11,14 +11,7 @@ from vllm.v1.metrics.stats import IterationStats, PrefillStats, SchedulerStats
 from sluicegate.engine.protocol import EngineLoad
 from sluicegate.engine.vllm_engine import VLLMEngine
 from sluicegate.engine.vllm_load import LoadMeter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def stats(waiting: int, running: int, kv: float, skipped: int = 0) -> SchedulerStats:

@@ -16,7 +16,7 @@ from starlette.types import Message, Receive, Scope, Send
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.keys import ApiKeyError, ApiKeyring, key_id
 from sluicegate.settings import Settings, describe_error
-from tests.fakes import FAKE_MODEL, fake_app
+from tests.support.fakes import FAKE_MODEL, fake_app
 
 MODEL = FAKE_MODEL
 GOOD = "sk-good-0123456789"

@@ -16,8 +16,8 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.http.asgi import body_received
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.connection import guarded_protocol
-from tests.fakes import run_in_thread
-from tests.integration.server import free_port
+from tests.support.fakes import run_in_thread
+from tests.support.gateway import free_port
 
 READ_TIMEOUT = 0.5
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from sluicegate.settings import Settings
-from tests.fakes import FAKE_MODEL, fake_app
+from tests.support.fakes import FAKE_MODEL, fake_app
 
 PAGE = "http://127.0.0.1:5173"
 OTHER = "http://evil.example:5173"

@@ -10,28 +10,20 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluicegate.errors import EngineUnavailableError
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.observability.logs import JsonFormatter, PlainFormatter
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, chat_body, fake_app, serve_in_thread
+from tests.support.metrics import local_value
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-telemetry-0123456789"
 
 
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
 def requests_total(endpoint: str, status: str, model: str = FAKE_MODEL) -> float:
-    return sample("sluicegate_requests_total", endpoint=endpoint, model=model, status=status)
-
-
-def chat_body(**extra: object) -> dict[str, object]:
-    return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi there"}], **extra}
+    return local_value("sluicegate_requests_total", endpoint=endpoint, model=model, status=status)
 
 
 @pytest.fixture
@@ -54,19 +46,21 @@ def wait_for(condition: object, timeout: float = 5.0) -> None:
 
 def test_a_request_counts_by_route_model_and_status(client: TestClient) -> None:
     before = requests_total(CHAT, "200")
-    durations = sample("sluicegate_request_duration_seconds_count", endpoint=CHAT, model=FAKE_MODEL)
+    durations = local_value(
+        "sluicegate_request_duration_seconds_count", endpoint=CHAT, model=FAKE_MODEL
+    )
     assert client.post(CHAT, json=chat_body()).status_code == 200
     assert requests_total(CHAT, "200") == before + 1
     assert (
-        sample("sluicegate_request_duration_seconds_count", endpoint=CHAT, model=FAKE_MODEL)
+        local_value("sluicegate_request_duration_seconds_count", endpoint=CHAT, model=FAKE_MODEL)
         == durations + 1
     )
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_token_counters_equal_the_usage_returned(client: TestClient, stream: bool) -> None:
-    prompt = sample("sluicegate_prompt_tokens_total", model=FAKE_MODEL)
-    completion = sample("sluicegate_completion_tokens_total", model=FAKE_MODEL)
+    prompt = local_value("sluicegate_prompt_tokens_total", model=FAKE_MODEL)
+    completion = local_value("sluicegate_completion_tokens_total", model=FAKE_MODEL)
     body = chat_body(n=2, stream=stream, stream_options={"include_usage": True} if stream else None)
     response = client.post(CHAT, json=body)
     if stream:
@@ -75,41 +69,41 @@ def test_token_counters_equal_the_usage_returned(client: TestClient, stream: boo
     else:
         usage = response.json()["usage"]
     assert usage["completion_tokens"] == 6  # two choices of three tokens
-    assert sample("sluicegate_prompt_tokens_total", model=FAKE_MODEL) == (
+    assert local_value("sluicegate_prompt_tokens_total", model=FAKE_MODEL) == (
         prompt + usage["prompt_tokens"]
     )
-    assert sample("sluicegate_completion_tokens_total", model=FAKE_MODEL) == (
+    assert local_value("sluicegate_completion_tokens_total", model=FAKE_MODEL) == (
         completion + usage["completion_tokens"]
     )
 
 
 def test_a_run_the_engine_refused_counts_no_tokens(engine: FakeEngine) -> None:
     engine.fail_before_output = EngineUnavailableError()
-    prompt = sample("sluicegate_prompt_tokens_total", model=FAKE_MODEL)
+    prompt = local_value("sluicegate_prompt_tokens_total", model=FAKE_MODEL)
     with TestClient(fake_app(engine)) as client:
         assert client.post(CHAT, json=chat_body()).status_code == 503
-    assert sample("sluicegate_prompt_tokens_total", model=FAKE_MODEL) == prompt
+    assert local_value("sluicegate_prompt_tokens_total", model=FAKE_MODEL) == prompt
 
 
 def test_ttft_and_inter_token_latency_are_observed(engine: FakeEngine) -> None:
     engine.delays = [0.05, 0.03, 0.03]
-    ttft_count = sample("sluicegate_time_to_first_token_seconds_count", model=FAKE_MODEL)
-    ttft_sum = sample("sluicegate_time_to_first_token_seconds_sum", model=FAKE_MODEL)
-    itl_count = sample("sluicegate_inter_token_latency_seconds_count", model=FAKE_MODEL)
-    itl_sum = sample("sluicegate_inter_token_latency_seconds_sum", model=FAKE_MODEL)
+    ttft_count = local_value("sluicegate_time_to_first_token_seconds_count", model=FAKE_MODEL)
+    ttft_sum = local_value("sluicegate_time_to_first_token_seconds_sum", model=FAKE_MODEL)
+    itl_count = local_value("sluicegate_inter_token_latency_seconds_count", model=FAKE_MODEL)
+    itl_sum = local_value("sluicegate_inter_token_latency_seconds_sum", model=FAKE_MODEL)
     with TestClient(fake_app(engine)) as client:
         client.post(CHAT, json=chat_body(stream=True))
-    assert sample("sluicegate_time_to_first_token_seconds_count", model=FAKE_MODEL) == (
+    assert local_value("sluicegate_time_to_first_token_seconds_count", model=FAKE_MODEL) == (
         ttft_count + 1
     )
-    assert sample("sluicegate_time_to_first_token_seconds_sum", model=FAKE_MODEL) >= (
+    assert local_value("sluicegate_time_to_first_token_seconds_sum", model=FAKE_MODEL) >= (
         ttft_sum + 0.05
     )
     # Three tokens, two gaps between them.
-    assert sample("sluicegate_inter_token_latency_seconds_count", model=FAKE_MODEL) == (
+    assert local_value("sluicegate_inter_token_latency_seconds_count", model=FAKE_MODEL) == (
         itl_count + 2
     )
-    assert sample("sluicegate_inter_token_latency_seconds_sum", model=FAKE_MODEL) >= (
+    assert local_value("sluicegate_inter_token_latency_seconds_sum", model=FAKE_MODEL) >= (
         itl_sum + 0.06
     )
 
@@ -141,62 +135,66 @@ def test_endpoint_is_the_route_template_and_unknown_paths_share_one_label(
 
 
 def test_refusals_by_middleware_count_on_their_route_and_by_error_code() -> None:
-    errors = sample("sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key")
+    errors = local_value(
+        "sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key"
+    )
     before = requests_total(CHAT, "401")
     with TestClient(fake_app(api_keys=KEY)) as client:
         assert client.post(CHAT, json=chat_body()).status_code == 401
     assert requests_total(CHAT, "401") == before + 1
     assert (
-        sample("sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key")
+        local_value("sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key")
         == errors + 1
     )
 
 
 def test_admission_refusals_are_counted_by_reason() -> None:
     lifecycle = Lifecycle(drain_timeout=1)
-    before = sample("sluicegate_admission_refused_total", reason="shutting_down")
+    before = local_value("sluicegate_admission_refused_total", reason="shutting_down")
     with TestClient(fake_app(lifecycle=lifecycle)) as client:
         lifecycle.begin_drain()
         assert client.post(CHAT, json=chat_body()).status_code == 503
-    assert sample("sluicegate_admission_refused_total", reason="shutting_down") == before + 1
+    assert local_value("sluicegate_admission_refused_total", reason="shutting_down") == before + 1
 
 
 def test_an_error_inside_a_started_stream_is_counted(engine: FakeEngine) -> None:
     engine.fail_after_words = 1
     labels = {"type": "service_unavailable_error", "code": "engine_unavailable"}
-    before = sample("sluicegate_errors_total", **labels)
+    before = local_value("sluicegate_errors_total", **labels)
     with TestClient(fake_app(engine)) as client:
         response = client.post(CHAT, json=chat_body(stream=True))
     assert response.status_code == 200 and '"engine_unavailable"' in response.text
-    assert sample("sluicegate_errors_total", **labels) == before + 1
+    assert local_value("sluicegate_errors_total", **labels) == before + 1
 
 
 def test_errors_before_output_are_counted_by_type(engine: FakeEngine) -> None:
     engine.fail_before_output = EngineUnavailableError()
     labels = {"type": "service_unavailable_error", "code": "engine_unavailable"}
-    before = sample("sluicegate_errors_total", **labels)
+    before = local_value("sluicegate_errors_total", **labels)
     with TestClient(fake_app(engine)) as client:
         assert client.post(CHAT, json=chat_body()).status_code == 503
         assert client.post(CHAT, json={"model": FAKE_MODEL}).status_code == 400
-    assert sample("sluicegate_errors_total", **labels) == before + 1
+    assert local_value("sluicegate_errors_total", **labels) == before + 1
 
 
 def test_a_client_leaving_mid_stream_counts_as_499_and_a_disconnect() -> None:
     engine = FakeEngine(words=["tok"] * 200, step_delay=0.02)
-    disconnects = sample("sluicegate_client_disconnects_total", endpoint=CHAT, model=FAKE_MODEL)
+    disconnects = local_value(
+        "sluicegate_client_disconnects_total", endpoint=CHAT, model=FAKE_MODEL
+    )
     closed = requests_total(CHAT, "499")
     in_flight = "sluicegate_requests_in_flight"
     with serve_in_thread(fake_app(engine)) as url, httpx.Client(base_url=url) as http:
         with http.stream("POST", CHAT, json=chat_body(stream=True)) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
-            assert sample(in_flight, model=FAKE_MODEL) == 1
+            assert local_value(in_flight, model=FAKE_MODEL) == 1
             assert engine.active
         wait_for(lambda: requests_total(CHAT, "499") == closed + 1)
-        assert sample(in_flight, model=FAKE_MODEL) == 0
+        assert local_value(in_flight, model=FAKE_MODEL) == 0
         assert not engine.active  # the engine run was aborted
     assert (
-        sample("sluicegate_client_disconnects_total", endpoint=CHAT, model=FAKE_MODEL)
+        local_value("sluicegate_client_disconnects_total", endpoint=CHAT, model=FAKE_MODEL)
         == disconnects + 1
     )
 

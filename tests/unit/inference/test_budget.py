@@ -18,7 +18,7 @@ from sluicegate.observability.metrics import (
     BUDGET_DROPPED_TOKENS,
     BUDGET_TRIMMED_REQUESTS,
 )
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}

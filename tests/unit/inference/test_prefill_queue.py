@@ -12,20 +12,13 @@ from fastapi.testclient import TestClient
 
 from sluicegate.errors import OverloadedError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
 
 
 def measured(rate: float, objective: float | None = 2.0) -> tuple[PrefillQueue, Clock]:
     """A queue that has seen one run of `rate` tokens take a second to its first token."""
-    clock = Clock()
+    clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=objective, min_samples=1), clock)
     ticket = queue.enter(int(rate))
     clock.now += 1.0
@@ -86,7 +79,7 @@ def test_nothing_is_refused_before_the_rate_is_known_or_without_an_objective() -
 
 
 def test_the_rate_follows_the_last_window_of_busy_time() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=None, window=10.0, min_samples=2), clock)
     for tokens in (100, 100, 100, 1000, 1000, 1000):  # the engine got ten times faster
         ticket = queue.enter(tokens)
@@ -111,7 +104,7 @@ def test_through_the_app_a_late_first_token_is_a_503_and_a_stream_too() -> None:
 
 
 def test_first_tokens_later_than_foretold_are_learnt_and_counted_in() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     # No ageing here: the learning rule alone.
     config = QueueConfig(objective=None, min_samples=1, learning=0.5, lateness_half_life=math.inf)
     queue = PrefillQueue(config, clock)
@@ -138,7 +131,7 @@ def test_the_time_a_run_already_spent_counts_against_its_objective() -> None:
 
 def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
     # An upstream with no tokenizer: prompt sizes are 0; runs that all failed drained nothing.
-    clock = Clock()
+    clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=1.0, min_samples=1), clock)
     for finish in ("started", "close"):
         ticket = queue.enter(0)
@@ -149,7 +142,7 @@ def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
 
 
 def test_the_lateness_rises_fast_and_falls_slowly_so_it_follows_the_late_tail() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     config = QueueConfig(
         objective=None, min_samples=1, learning=0.5, easing=0.125, lateness_half_life=math.inf
     )
@@ -188,7 +181,7 @@ def day_of_arrivals(queue: PrefillQueue, clock: Clock, seconds: int) -> list[flo
 
 
 def test_one_first_token_far_later_than_foretold_does_not_latch_the_objective_shut() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=2.0, min_samples=1), clock)
     first = queue.enter(100)
     clock.now += 0.5
@@ -205,7 +198,7 @@ def test_one_first_token_far_later_than_foretold_does_not_latch_the_objective_sh
 
 
 def test_the_learnt_lateness_halves_with_each_half_life_and_is_capped_by_the_objective() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     config = QueueConfig(objective=10.0, min_samples=1, learning=1.0, lateness_half_life=30.0)
     queue = PrefillQueue(config, clock)
     first = queue.enter(100)
@@ -256,7 +249,7 @@ def test_runs_marked_as_not_learning_teach_neither_the_lateness_nor_the_rate() -
 
 
 def test_departures_older_than_the_rate_age_no_longer_count() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=1.0, min_samples=2, rate_age=300.0), clock)
     for _ in range(2):  # an engine measured slow: 10 tokens a second
         ticket = queue.enter(10)

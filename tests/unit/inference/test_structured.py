@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
 
 from sluicegate.engine.protocol import StructuredOutput
 from sluicegate.errors import InvalidRequestError
@@ -22,7 +21,8 @@ from sluicegate.inference.structured import (
 )
 from sluicegate.wire.json_schema import schema_problem
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.metrics import local_value
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
 LIMITS = StructuredLimits()
@@ -268,7 +268,7 @@ def post(client: TestClient, path: str = "/v1/chat/completions", **body: Any) ->
 def test_the_engine_gets_the_constraint_and_requests_are_counted() -> None:
     engine = FakeEngine()
     counter = "sluicegate_structured_output_requests_total"
-    before = REGISTRY.get_sample_value(counter, {"kind": "choice"}) or 0.0
+    before = local_value(counter, kind="choice")
     with TestClient(fake_app(engine)) as client:
         response = post(client, structured_outputs={"choice": ["a", "b"]})
         assert response.status_code == 200, response.json()
@@ -276,7 +276,7 @@ def test_the_engine_gets_the_constraint_and_requests_are_counted() -> None:
         assert response.status_code == 200, response.json()
     assert engine.requests[0][2].structured == StructuredOutput(choice=("a", "b"))
     assert engine.requests[1][2].structured is None
-    assert REGISTRY.get_sample_value(counter, {"kind": "choice"}) == before + 1
+    assert local_value(counter, kind="choice") == before + 1
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
 
 from sluicegate.observability.record import RequestRecord
 from sluicegate.observability.timeline import PHASES, add_events, observe, phases
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.metrics import local_value
 
 
 def test_phases_run_from_each_mark_to_the_next_one_set() -> None:
@@ -44,7 +44,7 @@ def test_a_mark_before_the_one_before_it_makes_no_negative_phase() -> None:
 
 def count(phase: str, model: str = "timeline-model") -> float:
     labels = {"model": model, "phase": phase}
-    return REGISTRY.get_sample_value("sluicegate_request_phase_seconds_count", labels) or 0.0
+    return local_value("sluicegate_request_phase_seconds_count", **labels)
 
 
 def test_only_requests_that_reached_the_engine_are_observed() -> None:
@@ -99,4 +99,4 @@ def test_a_generation_through_the_app_observes_its_phases() -> None:
 
 def prefill_seconds() -> float:
     labels = {"model": FAKE_MODEL, "phase": "prefill"}
-    return REGISTRY.get_sample_value("sluicegate_request_phase_seconds_sum", labels) or 0.0
+    return local_value("sluicegate_request_phase_seconds_sum", **labels)

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from sluicegate.errors import EngineUnavailableError
 from sluicegate.observability.tracing import Tracing, span_exporters, tracing_requested
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, chat_body, fake_app, serve_in_thread
 
 CHAT = "/v1/chat/completions"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -61,10 +61,6 @@ def client(
 ) -> Iterator[TestClient]:
     with TestClient(fake_app(engine, tracer_provider=provider)) as test_client:
         yield test_client
-
-
-def chat_body(**extra: object) -> dict[str, object]:
-    return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi there"}], **extra}
 
 
 def by_name(spans: InMemorySpanExporter) -> dict[str, ReadableSpan]:

@@ -12,23 +12,16 @@ import pytest
 from sluicegate.quota import gcra
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
 from sluicegate.quota.window import RateLimit, format_duration
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> Clock:
+    return Clock(1000.0)
 
 
 @pytest.fixture
-def limiter(clock: FakeClock) -> MemoryRateLimiter:
+def limiter(clock: Clock) -> MemoryRateLimiter:
     return MemoryRateLimiter(clock=clock)
 
 
@@ -90,7 +83,7 @@ async def test_rpm_admits_the_burst_then_refuses_with_openai_headers(
 
 
 async def test_no_interval_admits_more_than_the_limit_plus_its_refill(
-    limiter: MemoryRateLimiter, clock: FakeClock
+    limiter: MemoryRateLimiter, clock: Clock
 ) -> None:
     rpm = 10
     admitted: list[float] = []
@@ -106,7 +99,7 @@ async def test_no_interval_admits_more_than_the_limit_plus_its_refill(
 
 
 async def test_tokens_count_their_cost_and_refill_at_the_rate(
-    limiter: MemoryRateLimiter, clock: FakeClock
+    limiter: MemoryRateLimiter, clock: Clock
 ) -> None:
     limit = RateLimit(tokens_per_minute=600)  # 10 tokens a second
     first = await limiter.acquire("key-a", limit, 500)
@@ -119,7 +112,7 @@ async def test_tokens_count_their_cost_and_refill_at_the_rate(
     assert later.allowed and later.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
-async def test_reconcile_charges_and_refunds(limiter: MemoryRateLimiter, clock: FakeClock) -> None:
+async def test_reconcile_charges_and_refunds(limiter: MemoryRateLimiter, clock: Clock) -> None:
     limit = RateLimit(requests_per_minute=100, tokens_per_minute=600)
     assert (await limiter.acquire("key-a", limit, 400)).allowed
     await limiter.reconcile("key-a", limit, -300)  # reserved 400, used 100
@@ -152,7 +145,7 @@ async def test_key_ids_have_separate_limits(limiter: MemoryRateLimiter) -> None:
 
 
 async def test_state_is_one_number_per_key_and_limit_and_goes_when_full(
-    limiter: MemoryRateLimiter, clock: FakeClock
+    limiter: MemoryRateLimiter, clock: Clock
 ) -> None:
     limit = RateLimit(requests_per_minute=10, tokens_per_minute=100)
     for key in ("key-a", "key-b"):

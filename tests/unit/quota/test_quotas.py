@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes import FAKE_MODEL, fake_app
+from tests.support.fakes import FAKE_MODEL, fake_app
 
 MODEL = FAKE_MODEL
 KEY = "sk-quota-test"

@@ -1,4 +1,4 @@
-"""The GCRA Lua script against the real Redis at 127.0.0.1:6379, and the fallback to this
+"""The GCRA Lua script against a real Redis (the test process's own), and the fallback to this
 replica's share of each limit when Redis is down or slow (a Redis of its own, SIGSTOPped)."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import redis.asyncio
 from sluicegate.observability.metrics import RATE_LIMIT_LOCAL_DECISIONS, RATE_LIMIT_STORE_ERRORS
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.quota.window import RateLimit
-from tests.integration.redis_server import RedisProcess
+from tests.support.redis_server import RedisProcess, shared_redis_url
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 # Generous for the tests that check counting, so a busy machine cannot make them fall back.
 SLOW_OK = 2.0
 
@@ -38,7 +37,7 @@ def prefix() -> str:
 
 @pytest.fixture
 async def client(prefix: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    client = redis.asyncio.Redis.from_url(shared_redis_url())
     yield client
     keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
     if keys:
@@ -123,7 +122,7 @@ async def test_keys_are_one_number_per_limit_without_a_ttl(
 
 
 async def test_replicas_share_one_limit(prefix: str, client: redis.asyncio.Redis) -> None:
-    other_client = redis.asyncio.Redis.from_url(REDIS_URL)
+    other_client = redis.asyncio.Redis.from_url(shared_redis_url())
     try:
         one = RedisRateLimiter(client, prefix=prefix, op_timeout=SLOW_OK)
         two = RedisRateLimiter(other_client, prefix=prefix, op_timeout=SLOW_OK)

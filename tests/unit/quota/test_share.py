@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from sluicegate.keys import key_id
 from sluicegate.quota.share import RANK_SPAN
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 KEY_A, KEY_B = "sk-share-a", "sk-share-b"
 KEYS = f"{KEY_A},{KEY_B}"

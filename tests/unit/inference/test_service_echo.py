@@ -1,5 +1,5 @@
 """Completions `echo` and prompt logprobs through real HTTP, over the fake engine (whose
-prompt logprobs name each id `i` as the token " " + "x" * i, see `tests.fakes`)."""
+prompt logprobs name each id `i` as the token " " + "x" * i, see `tests.support.fakes`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 PROMPT = "one three fives"  # the fake tokenizer's ids: [3, 5, 5]
 

@@ -1,11 +1,14 @@
-"""A Redis server owned by one test module, on its own port, so it can be killed and paused."""
+"""Redis servers of the tests' own, on free ports: one a module can kill, freeze and pause, and one
+that a test process shares among its tests."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from tests.integration.server import free_port
+from tests.support.gateway import free_port
 
 
 @dataclass
@@ -76,3 +79,19 @@ def running_redis(folder: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.kill()
+
+
+_shared: RedisProcess | None = None
+
+
+def shared_redis_url() -> str:
+    """The Redis this test process's tests share, each under a key prefix of its own: a server
+    of its own on a free port, started on first use and killed when the process exits. So no
+    Redis need be running beforehand, and parallel test processes never meet in one."""
+    global _shared
+    if _shared is None:
+        server = RedisProcess(Path(tempfile.mkdtemp(prefix="sluicegate-test-redis-")))
+        server.start()
+        atexit.register(server.kill)
+        _shared = server
+    return _shared.url

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sluicegate.engine.protocol import MAX_TOKEN_CHARS
 from sluicegate.inference.service import CompletionService
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
-from tests.fakes import FAKE_MODEL, FakeEngine
+from tests.support.fakes import FAKE_MODEL, FakeEngine
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 

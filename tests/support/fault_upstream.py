@@ -6,8 +6,8 @@ connections reset before the headers or mid-stream, stalls, slow streams, or bei
 A real HTTP server process (uvicorn, uvloop, raw ASGI; chunk bytes precomputed), so it also
 serves as the fast streaming upstream of `bench/upstream_overhead.py`.
 
-    python -m tests.fault_upstream --port 8101 [--chunks 32] [--delay 0] [--model fault-model]
-                                   [--api-key KEY] [--tokenize] [--max-model-len 2048]
+    python -m tests.support.fault_upstream --port 8101 [--chunks 32] [--delay 0]
+        [--model fault-model] [--api-key KEY] [--tokenize] [--max-model-len 2048]
 
 Routes: `GET /health` (200, empty), `GET /v1/models`, `POST /v1/chat/completions` and
 `POST /v1/completions`, streamed (`data: {...}` chat.completion.chunk / text_completion
@@ -825,7 +825,7 @@ def _seconds(value: float | str) -> bytes:
 
 @dataclass
 class FaultUpstreamProcess:
-    """A running `python -m tests.fault_upstream`, for tests and benchmarks to drive."""
+    """A running `python -m tests.support.fault_upstream`, for tests and benchmarks to drive."""
 
     process: subprocess.Popen[bytes]
     port: int
@@ -851,6 +851,10 @@ class FaultUpstreamProcess:
         result: dict[str, Any] = response.json()
         return result
 
+    def arrivals(self) -> list[float]:
+        """When chat requests arrived (health probes left out)."""
+        return [a["at"] for a in self.stats()["arrivals"] if a["path"] == "/v1/chat/completions"]
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -866,7 +870,7 @@ def start(
 ) -> FaultUpstreamProcess:
     """Start the double on `port` and wait until it answers (itself: another server already
     on the port would answer too, so the pid in /_stats must be the new process's)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
@@ -874,7 +878,7 @@ def start(
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), *flags],
+            [sys.executable, "-m", "tests.support.fault_upstream", "--port", str(port), *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
         )  # fmt: skip
     finally:

@@ -131,19 +131,3 @@ def peer_process(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
-
-
-def metric_value(url: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples (those with `labels`) in the gateway's /metrics exposition."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    total = 0.0
-    found = False
-    for line in text.splitlines():
-        if not (line.startswith(name + "{") or line.startswith(name + " ")):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    if not found:
-        raise AssertionError(f"{name} not in /metrics")
-    return total

@@ -1,5 +1,5 @@
-"""The fault-injecting upstream (tests/fault_upstream.py), itself a test double, driven as the
-gateway's integration tests drive it: a real process on loopback."""
+"""The fault-injecting upstream (tests/support/fault_upstream.py), itself a test double,
+driven as the gateway's integration tests drive it: a real process on loopback."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.fault_upstream import ControlError, FaultUpstreamProcess, parse_control, start
-from tests.integration.server import free_port
+from tests.support.fault_upstream import ControlError, FaultUpstreamProcess, parse_control, start
+from tests.support.gateway import free_port
 
 CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "two words"}]}
 

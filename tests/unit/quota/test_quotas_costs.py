@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 TPM = 60
 PROMPT = 4

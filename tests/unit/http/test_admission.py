@@ -18,7 +18,7 @@ from sluicegate.http.admission import AdmissionMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.lifecycle import Lifecycle
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 MODEL = FAKE_MODEL
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import redis
 
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
-from tests.integration.server import free_port
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.gateway import free_port
 
 USER, PASSWORD = "gateway", "s3cret-pw"
 

@@ -22,7 +22,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.inference.service import CompletionService
 from sluicegate.wire.requests import ChatCompletionRequest
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 TOKENS = 2000
 TOP = 20

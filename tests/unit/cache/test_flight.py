@@ -12,9 +12,16 @@ import pytest
 import redis
 
 from sluicegate.cache.key import lock_key
-from tests.fakes import FakeEngine, fake_app, serve_in_thread
-from tests.unit.cache.test_response_cache import SLOW_OK, chat, post, sse_payloads
-from tests.unit.conftest import REDIS_URL
+from tests.support.fakes import (
+    SLOW_OK,
+    FakeEngine,
+    fake_app,
+    greedy_chat,
+    post,
+    serve_in_thread,
+    sse_payloads,
+)
+from tests.support.redis_server import shared_redis_url
 
 WORDS = [f" w{i}" for i in range(10)]
 STEP = 0.1  # 10 steps of 0.1 s: the generation outlives the flight timeout three times
@@ -25,7 +32,9 @@ FLIGHT_TIMEOUT = 0.3
 def store(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
     settings: dict[str, object] = {"cache_flight_timeout": FLIGHT_TIMEOUT}
     if request.param == "redis":
-        settings.update(redis_url=REDIS_URL, redis_key_prefix=prefix, cache_redis_timeout=SLOW_OK)
+        settings.update(
+            redis_url=shared_redis_url(), redis_key_prefix=prefix, cache_redis_timeout=SLOW_OK
+        )
     return settings
 
 
@@ -67,7 +76,7 @@ def content(events: list[Any]) -> str:
 async def test_a_streamed_follower_attaches_to_the_live_stream(
     store: dict[str, object], engine: FakeEngine
 ) -> None:
-    body = chat(stream=True, stream_options={"include_usage": True})
+    body = greedy_chat(stream=True, stream_options={"include_usage": True})
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             leader = asyncio.create_task(Timed().read(client, body))
@@ -88,9 +97,9 @@ async def test_a_non_streamed_follower_gets_the_whole_result(
 ) -> None:
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(Timed().read(client, chat(stream=True)))
+            leader = asyncio.create_task(Timed().read(client, greedy_chat(stream=True)))
             await asyncio.sleep(0.45)
-            follower = await post(client, chat())
+            follower = await post(client, greedy_chat())
             await leader
     assert len(engine.requests) == 1
     assert follower.json()["choices"][0]["message"]["content"] == "".join(WORDS)
@@ -105,7 +114,7 @@ async def test_the_leaders_client_leaving_does_not_end_the_followers_answer(
 
             async def leave_early() -> None:
                 async with client.stream(
-                    "POST", "/v1/chat/completions", json=chat(stream=True)
+                    "POST", "/v1/chat/completions", json=greedy_chat(stream=True)
                 ) as r:
                     async for _ in r.aiter_bytes():
                         await asyncio.sleep(0.4)
@@ -113,11 +122,11 @@ async def test_the_leaders_client_leaving_does_not_end_the_followers_answer(
 
             leader = asyncio.create_task(leave_early())
             await asyncio.sleep(0.15)
-            streamed = asyncio.create_task(Timed().read(client, chat(stream=True)))
-            plain = await post(client, chat())
+            streamed = asyncio.create_task(Timed().read(client, greedy_chat(stream=True)))
+            plain = await post(client, greedy_chat())
             await leader
             follower = await streamed
-            after = await post(client, chat())
+            after = await post(client, greedy_chat())
     assert len(engine.requests) == 1
     assert plain.json()["choices"][0]["message"]["content"] == "".join(WORDS)
     assert content(sse_payloads(follower.text)) == "".join(WORDS)
@@ -130,10 +139,10 @@ async def test_followers_leaving_do_not_abort_the_leader(
 ) -> None:
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(Timed().read(client, chat(stream=True)))
+            leader = asyncio.create_task(Timed().read(client, greedy_chat(stream=True)))
             await asyncio.sleep(0.15)
             gone = [
-                asyncio.create_task(client.post("/v1/chat/completions", json=chat(stream=s)))
+                asyncio.create_task(client.post("/v1/chat/completions", json=greedy_chat(stream=s)))
                 for s in (False, True)
             ]
             await asyncio.sleep(0.3)
@@ -150,7 +159,9 @@ async def test_an_abandoned_flight_aborts_the_engine_and_the_next_request_leads(
 ) -> None:
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as r:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=greedy_chat(stream=True)
+            ) as r:
                 async for _ in r.aiter_bytes():
                     break
             for _ in range(100):
@@ -159,7 +170,7 @@ async def test_an_abandoned_flight_aborts_the_engine_and_the_next_request_leads(
                 await asyncio.sleep(0.02)
             assert not engine.active, "the engine request was aborted"
             engine.step_delay = 0
-            again = await post(client, chat())
+            again = await post(client, greedy_chat())
     assert again.headers["x-cache"] == "MISS"
     assert again.json()["choices"][0]["message"]["content"] == "".join(WORDS)
     assert len(engine.requests) == 2
@@ -170,12 +181,12 @@ async def test_the_redis_lock_lives_as_long_as_the_leader(prefix: str) -> None:
     the lock is gone once the leader is done."""
     engines = [FakeEngine(words=list(WORDS), step_delay=STEP, max_model_len=256) for _ in range(2)]
     settings = {
-        "redis_url": REDIS_URL,
+        "redis_url": shared_redis_url(),
         "redis_key_prefix": prefix,
         "cache_redis_timeout": SLOW_OK,
         "cache_flight_timeout": FLIGHT_TIMEOUT,
     }
-    raw = redis.Redis.from_url(REDIS_URL)
+    raw = redis.Redis.from_url(shared_redis_url())
     with (
         serve_in_thread(fake_app(engines[0], **settings)) as url_a,
         serve_in_thread(fake_app(engines[1], **settings)) as url_b,
@@ -184,11 +195,11 @@ async def test_the_redis_lock_lives_as_long_as_the_leader(prefix: str) -> None:
             httpx.AsyncClient(base_url=url_a, timeout=30) as a,
             httpx.AsyncClient(base_url=url_b, timeout=30) as b,
         ):
-            leader = asyncio.create_task(post(a, chat()))
+            leader = asyncio.create_task(post(a, greedy_chat()))
             await asyncio.sleep(3 * FLIGHT_TIMEOUT)
             locks = [k for k in raw.scan_iter(match=f"{prefix}:cache:*") if k.endswith(b":lock")]
             assert len(locks) == 1 and raw.pttl(locks[0]) > 0, "the lock outlived its first expiry"
-            other = await post(b, chat())
+            other = await post(b, greedy_chat())
             first = await leader
             await asyncio.sleep(0.2)  # the release runs after the response
             assert raw.exists(locks[0]) == 0

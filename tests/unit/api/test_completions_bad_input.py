@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes import FAKE_MODEL, fake_app
+from tests.support.fakes import FAKE_MODEL, fake_app
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 

@@ -11,7 +11,7 @@ import pytest
 
 from sluicegate.api.route import LARGE_BODY_BYTES
 from sluicegate.wire.requests import ChatCompletionRequest
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sluicegate.settings import Settings
-from tests.fakes import FAKE_MODEL, FakeEngine, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

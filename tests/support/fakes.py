@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,6 +36,7 @@ from sluicegate.engine.protocol import (
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
+from sluicegate.wire.completion import Collector, Completion
 
 
 class WhitespaceTokenizer:
@@ -206,7 +210,7 @@ def fake_app(
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI) -> Iterator[str]:
     """Serve `app` with uvicorn (httptools) on a free loopback port; yields its base URL."""
-    from tests.integration.server import free_port
+    from tests.support.gateway import free_port
 
     port = free_port()
     config = uvicorn.Config(
@@ -230,3 +234,51 @@ def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def chat_body(text: str = "hi there", **extra: Any) -> dict[str, Any]:
+    """A chat request to the fake model: one user turn, and `extra` fields."""
+    return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": text}], **extra}
+
+
+def greedy_chat(text: str = "Say hello", **extra: Any) -> dict[str, Any]:
+    """A chat request the response cache may store (temperature 0)."""
+    return chat_body(text, **{"temperature": 0, **extra})
+
+
+# Generous, for the tests that count generations: a busy machine must not make them fail open.
+SLOW_OK = 1.0
+
+
+async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) -> httpx.Response:
+    response = await http.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def sse_payloads(text: str) -> list[Any]:
+    """The JSON events of a stream, without the fields that differ per response."""
+    events: list[Any] = []
+    for line in text.splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            events.append(data)
+            continue
+        event = json.loads(data)
+        event.pop("id", None)
+        event.pop("created", None)
+        events.append(event)
+    return events
+
+
+def fake_completion(text: str = "Hello there", logprobs: int = 0, choices: int = 1) -> Completion:
+    collector = Collector(range(choices))
+    for index in range(choices):
+        for word in text.split(" "):
+            top = tuple((f"{word}{k}", -1.0 - k) for k in range(logprobs))
+            lp = [TokenLogprob(word, -0.5, top)] if logprobs else None
+            collector.add(ChoiceDelta(index, word + " ", 1, None, lp))
+        collector.add(ChoiceDelta(index, "", 0, "stop"))
+    return collector.completion(3)

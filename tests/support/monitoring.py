@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy/prometheus"
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
 DASHBOARD = ROOT / "deploy/grafana/dashboards/sluicegate.json"

@@ -1,0 +1,14 @@
+"""A clock the test moves by hand, for code that takes a `clock: Callable[[], float]`."""
+
+from __future__ import annotations
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
