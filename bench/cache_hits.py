@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.server import MODEL_NAME, free_port, start_gateway  # noqa: E402
+from tests.support.gateway import MODEL_NAME, free_port, start_gateway  # noqa: E402
 
 WRK_SCRIPT = """
 local bodies = {%s}

@@ -1,7 +1,7 @@
 """What a gateway adds in front of a fast streaming upstream: sluicegate in upstream mode
 against the LiteLLM proxy, the same upstream called directly as the baseline, one run.
 
-The upstream is `tests/fault_upstream.py` with no fault: an OpenAI-compatible server whose
+The upstream is `tests/support/fault_upstream.py` with no fault: an OpenAI-compatible server whose
 answers are 32 precomputed chunks sent with no delay, so what is measured is the gateways.
 Three targets, each a streamed chat completion (`stream_options.include_usage`):
 
@@ -53,8 +53,8 @@ import numpy
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fault_upstream import FaultUpstreamProcess
-from tests.fault_upstream import start as start_upstream
+from tests.support.fault_upstream import FaultUpstreamProcess
+from tests.support.fault_upstream import start as start_upstream
 
 from compare_vllm import RESULTS, ROOT, machine, publish, stop, wait_ready
 from overhead_ab import cpu_times
