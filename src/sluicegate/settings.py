@@ -114,8 +114,9 @@ class Settings(BaseSettings):
     )
     tokenizer: str | None = Field(
         default=None,
-        description="Upstream mode: a tokenizer folder or hub id for the token budget. "
-        "Unset: the upstream's `/tokenize` where it has one, else no budget.",
+        description="Upstream mode: a tokenizer folder or hub id for the token budget (needs "
+        "the `tokenizer` extra). Unset: the upstream's `/tokenize` where it has one, else no "
+        "budget.",
     )
     upstream_max_connections: int = Field(
         default=1024, ge=1, description="Connections per upstream (each stream holds one)."

@@ -27,6 +27,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -558,9 +559,16 @@ async def _tokenizer(
 
 
 def _local_tokenizer(name: str) -> PromptTokenizer:
-    from vllm.tokenizers import get_tokenizer
+    """`name`'s tokenizer (a folder, or a hub id fetched when the hub is reachable), with
+    transformers alone: upstream mode installs no vLLM (the `tokenizer` extra)."""
+    from transformers import AutoTokenizer
 
-    return HFPromptTokenizer(get_tokenizer(name))
+    folder = Path(name).expanduser()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if folder.exists() else name)
+        return HFPromptTokenizer(tokenizer)
+    except (OSError, ValueError) as exc:
+        raise UpstreamStartError(f"the tokenizer {name} cannot be loaded: {exc}") from exc
 
 
 class UpstreamStartError(Exception):

@@ -1,0 +1,136 @@
+"""`cli`: what `serve` does before the server starts, in each mode."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluicegate import server
+from sluicegate.cli import main
+from sluicegate.engine import model
+from sluicegate.settings import Settings
+
+UPSTREAM = "http://127.0.0.1:9/v1"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No stray `.env` or `SLUICEGATE_*`, no `HF_HUB_OFFLINE`; an empty model cache."""
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith("SLUICEGATE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cache = tmp_path / "models"
+    monkeypatch.setenv("SLUICEGATE_MODEL_CACHE_DIR", str(cache))
+    return cache
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """The settings `serve` would have run the server with (it runs none)."""
+    runs: list[Settings] = []
+
+    def serve(settings: Settings) -> int:
+        runs.append(settings)
+        return 0
+
+    monkeypatch.setattr(server, "serve", serve)
+    return runs
+
+
+@pytest.fixture
+def prepared(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The model caches `serve` prepared the bundled model in (it converts nothing)."""
+    caches: list[Path] = []
+
+    def prepare(cache_dir: Path, force: bool = False) -> Path:
+        caches.append(cache_dir)
+        return model.bundled_model_dir(cache_dir)
+
+    monkeypatch.setattr(model, "prepare_bundled_model", prepare)
+    monkeypatch.setattr(model, "resolve_model", lambda name, cache_dir: "folder")
+    return caches
+
+
+def test_upstream_mode_prepares_no_model_and_leaves_the_hub_online(
+    monkeypatch: pytest.MonkeyPatch,
+    clean_env: Path,
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("SLUICEGATE_TOKENIZER", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert main(["serve"]) == 0
+    assert len(served) == 1
+    assert prepared == []
+    assert not clean_env.exists()
+    # A hub tokenizer id resolves where the hub is reachable.
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_upstream_mode_keeps_an_offline_hub_asked_for(
+    monkeypatch: pytest.MonkeyPatch, served: list[Settings], prepared: list[Path]
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["serve"]) == 0
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_bundled_model_is_prepared_with_the_hub_offline(
+    clean_env: Path, served: list[Settings], prepared: list[Path]
+) -> None:
+    assert main(["serve"]) == 0
+    assert prepared == [clean_env]
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert len(served) == 1
+
+
+def test_an_engine_hub_model_leaves_the_hub_online(
+    monkeypatch: pytest.MonkeyPatch, served: list[Settings], prepared: list[Path]
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert main(["serve"]) == 0
+    assert prepared == []
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_a_tokenizer_without_transformers_stops_serve_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("SLUICEGATE_TOKENIZER", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert main(["serve"]) == 1
+    assert "pip install 'sluicegate[tokenizer]'" in capsys.readouterr().err
+    assert served == []
+
+
+def test_upstream_mode_without_a_tokenizer_needs_no_transformers(
+    monkeypatch: pytest.MonkeyPatch, served: list[Settings], prepared: list[Path]
+) -> None:
+    for name in ("transformers", "vllm", "torch"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    assert main(["serve"]) == 0
+    assert len(served) == 1 and prepared == []
+
+
+def test_engine_mode_without_vllm_stops_serve_naming_the_extras(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert main(["serve"]) == 1
+    error = capsys.readouterr().err
+    assert "sluicegate[cpu]" in error and "SLUICEGATE_UPSTREAM_URLS" in error
+    assert served == [] and prepared == []
