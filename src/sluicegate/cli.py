@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}]"
+        # argparse formats help with %: a literal one (a "20%" in a description) is doubled.
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}]".replace("%", "%%")
         if field.annotation in (bool, bool | None):
             parser.add_argument(
                 flag,

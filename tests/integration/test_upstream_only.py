@@ -6,7 +6,7 @@ ModuleNotFoundError, and `importlib.util.find_spec("torch")` answers None, as it
 the package is missing. At exit it writes down every package of a watched list that the
 process had loaded. Its environment has no `HF_HUB_OFFLINE`, and `HF_ENDPOINT` is a loopback
 port: a closed one, or a fake Hugging Face hub serving a tokenizer. The upstream is
-`tests.fault_upstream`; each gateway is up in seconds.
+`tests.support.fault_upstream`; each gateway is up in seconds.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import fault_upstream
-from tests.fault_upstream import FaultUpstreamProcess
-from tests.integration.server import GatewayProcess, free_port, wait_until_ready
+from tests.support import fault_upstream
+from tests.support.fault_upstream import FaultUpstreamProcess
+from tests.support.gateway import GatewayProcess, free_port, wait_until_ready
 
 ENGINE_PACKAGES = ("vllm", "torch")
 WATCHED = (*ENGINE_PACKAGES, "transformers", "tokenizers", "huggingface_hub", "jinja2", "numpy")

@@ -134,3 +134,14 @@ def test_engine_mode_without_vllm_stops_serve_naming_the_extras(
     error = capsys.readouterr().err
     assert "sluicegate[cpu]" in error and "SLUICEGATE_UPSTREAM_URLS" in error
     assert served == [] and prepared == []
+
+
+def test_serve_help_lists_every_setting_and_survives_a_percent_sign(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "20% more load" in text  # UPSTREAM_RETRY_BUDGET's description
+    assert all(f"--{name.replace('_', '-')}" in text for name in Settings.model_fields)
