@@ -9,6 +9,7 @@ import time
 from tests.support.metrics import metric_value
 
 RUNNING = "vllm:num_requests_running"
+ABORT_BOUND_S = 5.0
 
 
 def long_request(model: str, stream: bool) -> bytes:
@@ -35,7 +36,7 @@ async def wait_for_running(url: str, predicate: object, within: float) -> float:
         if predicate(value):  # type: ignore[operator]
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{RUNNING} stayed at {value}")
+            raise AssertionError(f"{RUNNING} stayed at {value} for {within:g} s")
         await asyncio.sleep(0.05)
 
 
@@ -50,9 +51,10 @@ async def check_abort(base_url: str, model: str, stream: bool) -> None:
         assert b"200 OK" in first
     await wait_for_running(base_url, lambda v: v >= 1, 30)
     writer.close()
-    closed_at = time.monotonic()
-    await wait_for_running(base_url, lambda v: v == 0, 1.0)
-    assert time.monotonic() - closed_at <= 1.0
+    # The abort reaches the engine: idle within a fraction of a second, where the 1,500
+    # tokens would take it a minute; the bound leaves room for a loaded two-core machine
+    # (wait_for_running's failure names the engine's own running count).
+    await wait_for_running(base_url, lambda v: v == 0, ABORT_BOUND_S)
 
 
 async def test_disconnect_aborts_a_stream(base_url: str, model: str) -> None:

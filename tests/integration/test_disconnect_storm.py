@@ -53,7 +53,12 @@ async def test_a_disconnect_storm_leaves_nothing_running(base_url: str, model: s
         if running == 0 and waiting == 0:
             print(f"{CLIENTS} streams dropped: engine idle after {time.monotonic() - closed:.2f} s")
             break
-        assert time.monotonic() - closed < 2.0, f"{running} running, {waiting} waiting"
+        # The aborts reach the engine: 0.23 s alone, where the streams would run for
+        # minutes; the bound leaves room for a loaded two-core machine.
+        assert time.monotonic() - closed < 5.0, (
+            f"the engine's own counts {time.monotonic() - closed:.1f} s after the drop: "
+            f"{running:g} running, {waiting:g} waiting"
+        )
         await asyncio.sleep(0.05)
 
     reply = await asyncio.to_thread(

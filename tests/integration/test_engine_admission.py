@@ -24,6 +24,8 @@ from tests.support.metrics import metric_value
 BATCH = 4
 WAITING = 4
 BURST = 24
+# A refusal a user would see as a stall (they take tens of ms): room for a loaded machine.
+REFUSAL_STALL_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +86,14 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     assert all(chunks >= 20 for *_, chunks in admitted)  # whole (24 tokens, ignore_eos)
     assert {(status, code) for status, _, _, code, _ in refused} == {(503, "overloaded")}
     assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry, _, _ in refused)
-    assert max(took for _, took, *_ in refused) < 1.0
     counted = metric_value(bounded.url, "sluicegate_admission_refused_total",
                            reason="engine_waiting") - before  # fmt: skip
+    # At once: 70 ms median, 85 ms at most alone; the bound is a stall a user would see.
+    slowest = max(took for _, took, *_ in refused)
+    assert slowest < REFUSAL_STALL_S, (
+        f"a refusal took {slowest:.2f} s from the client, of {len(refused)} (the gateway "
+        f"counted {counted:g} as engine_waiting)"
+    )
     assert counted == len(refused)
 
 
@@ -125,7 +132,8 @@ async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
                     break
             status, took, retry, code, _ = await ask(client, 2)
             assert (status, code) == (503, "overloaded")
-            assert retry is not None and 1 <= int(retry) <= 60 and took < 1.0
+            assert retry is not None and 1 <= int(retry) <= 60
+            assert took < REFUSAL_STALL_S, f"the refusal took {took:.2f} s from the client"
             assert "data: [DONE]" in [line async for line in lines]  # it ran whole
         assert (await ask(client, 3))[0] == 200  # the long one finished: admitted again
     counted = metric_value(kv_bounded.url, "sluicegate_admission_refused_total",

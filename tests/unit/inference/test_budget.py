@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.engine.tokenizer import INLINE_LIMIT_CHARS, HFPromptTokenizer
 from sluicegate.errors import ContextLengthExceededError
 from sluicegate.inference.budget import BudgetPolicy, BudgetReport, TokenBudget
 from sluicegate.observability.metrics import (
@@ -22,6 +24,9 @@ from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
+# The longest the event loop may wait while a long conversation is fitted: a stall a user
+# would see, about 50 times the few milliseconds measured (two cores, another test process).
+STALL_BOUND_S = 0.5
 
 
 def chat(turns: int) -> list[dict[str, str]]:
@@ -195,7 +200,7 @@ async def test_text_prompts_are_cut_at_the_start_when_configured(
 
 
 async def test_long_conversations_are_counted_and_trimmed_off_the_event_loop(
-    hf_tokenizer: HFPromptTokenizer,
+    hf_tokenizer: HFPromptTokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paragraph = "The gateway counts every token of this long paragraph again. " * 40
     messages = [SYSTEM]
@@ -216,19 +221,39 @@ async def test_long_conversations_are_counted_and_trimmed_off_the_event_loop(
             await asyncio.sleep(0.001)
             longest_gap = max(longest_gap, loop.time() - started)
 
+    # Each piece of tokenizer work: its size (what decides inline or not), and the thread
+    # that ran it. Off the loop is what the thread says, not how long anything took.
+    ran: list[tuple[int, str, str]] = []
+    run = hf_tokenizer._run
+
+    async def recorded(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        def traced(*inner: Any) -> Any:
+            ran.append((size, fn.__name__, threading.current_thread().name))
+            return fn(*inner)
+
+        return await run(size, traced, *args)
+
     await budget(hf_tokenizer, 2048).fit_chat(messages[-30:], max_tokens=None)  # warm-up
+    monkeypatch.setattr(hf_tokenizer, "_run", recorded)
+    loop_thread = threading.current_thread().name
     task = asyncio.create_task(probe())
     await asyncio.sleep(0.01)
-    started = time.perf_counter()
     fitted = await budget(hf_tokenizer, 2048).fit_chat(messages, max_tokens=None)
-    took = time.perf_counter() - started
     running = False
     await task
     assert fitted.report.prompt_tokens_before > 50_000
     assert len(fitted.prompts[0]) <= 2048 - 16
-    # Tens of milliseconds of tokenizing, yet the loop never waits for more than a few of them.
-    assert took > 0.03
-    assert longest_gap < took / 2, (longest_gap, took)
+    # Every piece over the inline limit ran on the tokenizer's thread, and there were such
+    # pieces (the whole conversation is far over it): the loop was never held by them.
+    large = [(size, name, thread) for size, name, thread in ran if size > INLINE_LIMIT_CHARS]
+    assert large, ran
+    assert all(thread != loop_thread for _, _, thread in large), large
+    # And a stall a user would see is caught whatever its cause (a few ms here, where the
+    # fit takes tens of them).
+    assert longest_gap < STALL_BOUND_S, (
+        f"the event loop waited {longest_gap * 1000:.0f} ms at most while the conversation "
+        f"was fitted; tokenizer work, size, function and thread: {ran}"
+    )
 
 
 def test_report_headers_say_what_happened() -> None:
