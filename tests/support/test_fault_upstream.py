@@ -128,12 +128,14 @@ def test_a_client_leaving_a_stall_is_seen_at_once_and_counted(
     with pytest.raises(httpx.ReadTimeout):
         http.post("/chat/completions", json=CHAT, timeout=0.3)
     left = time.monotonic()
-    deadline = left + 2
+    deadline = left + 5
     while len((stats := upstream.stats())["disconnects"]) == len(before["disconnects"]):
         assert time.monotonic() < deadline, "the disconnect was not noticed"
         time.sleep(0.02)
     noticed = stats["disconnects"][-1]
-    assert left - 0.1 < noticed < left + 1  # one clock for both processes
+    # One clock for both processes. At once: within milliseconds of the client closing,
+    # which is just before `left`; the room is for a loaded machine, far under the stall.
+    assert left - 1 < noticed < left + 3, (noticed - left, stats)
     assert stats["in_flight"] == 0  # the stalled answer was abandoned
     assert stats["completed"] == before["completed"]
 
@@ -147,11 +149,12 @@ def test_open_connections_and_in_flight_are_live(upstream: FaultUpstreamProcess)
             with pytest.raises(httpx.ReadTimeout):
                 client.post(f"{upstream.url}/completions", json={"prompt": "x"}, timeout=0.2)
         upstream.control(reset_all=True)
-        # The clients closed the timed-out connections: none is open or in flight now.
-        time.sleep(0.1)
-        stats = upstream.stats()
-        assert stats["in_flight"] == 0
-        assert stats["open_connections"] == base
+        # The clients closed the timed-out connections: none is open or in flight once the
+        # upstream has seen the closes (polled: a loaded machine may take longer than 0.1 s).
+        deadline = time.monotonic() + 5
+        while (stats := upstream.stats())["in_flight"] or stats["open_connections"] != base:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.02)
         kept = clients[0].get(f"{upstream.url}/models")  # a keep-alive connection stays open
         assert kept.status_code == 200
         assert upstream.stats()["open_connections"] == base + 1

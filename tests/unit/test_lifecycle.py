@@ -22,7 +22,10 @@ class Engine:
 async def test_a_healthy_engine_is_left_alone() -> None:
     lifecycle, engine = Lifecycle(drain_timeout=5), Engine()
     watcher = asyncio.create_task(lifecycle.watch_engine(engine.check_health, interval=0.01))
-    await asyncio.sleep(0.1)
+    for _ in range(500):  # until three checks have run (30 ms alone), or 5 s at the least
+        if engine.checks >= 3:
+            break
+        await asyncio.sleep(0.01)
     assert engine.checks >= 3
     assert not lifecycle.draining and lifecycle.exit_code == 0
     watcher.cancel()
@@ -34,7 +37,7 @@ async def test_the_engines_death_starts_the_drain_with_exit_code_3() -> None:
     watcher = asyncio.create_task(lifecycle.watch_engine(engine.check_health, interval=0.01))
     await asyncio.sleep(0.05)
     engine.dead = True
-    await asyncio.wait_for(watcher, 1)
+    await asyncio.wait_for(watcher, 5)  # the next check, 10 ms on
     assert lifecycle.draining and not lifecycle.drained()  # what is in flight may finish
     assert lifecycle.exit_code == ENGINE_DEATH_EXIT_CODE
     assert "engine died (EngineUnavailableError)" in lifecycle.exit_reason

@@ -4,6 +4,7 @@ worker process)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,8 +39,10 @@ def test_through_the_app_one_keys_large_bodies_past_its_bound_get_a_429(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     run = ProcessOffload._run
+    entered = threading.Event()
 
     async def slow(self: ProcessOffload, *args: Any) -> Any:
+        entered.set()
         await asyncio.sleep(1.0)  # the parse process busy: the first body holds its slot
         return await run(self, *args)
 
@@ -52,7 +55,9 @@ def test_through_the_app_one_keys_large_bodies_past_its_bound_get_a_429(
     app = fake_app(max_large_body_parses_per_key=1)
     with TestClient(app) as client, ThreadPoolExecutor(2) as pool:
         sent = [pool.submit(client.post, "/v1/chat/completions", json=large)]
-        time.sleep(0.3)  # the second is sent while the first waits for the process
+        # The second is sent while the first waits for the process (polled, not a fixed
+        # wait that a loaded machine could outlast before the first had its slot).
+        assert entered.wait(30), "the first body never reached the parse process"
         sent.append(pool.submit(client.post, "/v1/chat/completions", json=large))
         responses = [future.result() for future in sent]
     statuses = [r.status_code for r in responses]

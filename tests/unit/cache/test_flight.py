@@ -73,14 +73,24 @@ def content(events: list[Any]) -> str:
     )
 
 
+async def words_in(leading: Timed, within: float = 10.0) -> None:
+    """Until the leader has had its first words (polled: a fixed wait may be too short on a
+    loaded machine, and the follower would lead)."""
+    deadline = time.monotonic() + within
+    while leading.first_content is None:
+        assert time.monotonic() < deadline, "the leader had no content"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_streamed_follower_attaches_to_the_live_stream(
     store: dict[str, object], engine: FakeEngine
 ) -> None:
     body = greedy_chat(stream=True, stream_options={"include_usage": True})
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(Timed().read(client, body))
-            await asyncio.sleep(0.45)  # the leader is a few words in
+            leading = Timed()
+            leader = asyncio.create_task(leading.read(client, body))
+            await words_in(leading)
             follower = await Timed().read(client, body)
             leader_done = await leader
     assert len(engine.requests) == 1
@@ -97,8 +107,9 @@ async def test_a_non_streamed_follower_gets_the_whole_result(
 ) -> None:
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(Timed().read(client, greedy_chat(stream=True)))
-            await asyncio.sleep(0.45)
+            leading = Timed()
+            leader = asyncio.create_task(leading.read(client, greedy_chat(stream=True)))
+            await words_in(leading)
             follower = await post(client, greedy_chat())
             await leader
     assert len(engine.requests) == 1
@@ -139,8 +150,9 @@ async def test_followers_leaving_do_not_abort_the_leader(
 ) -> None:
     with serve_in_thread(fake_app(engine, **store)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            leader = asyncio.create_task(Timed().read(client, greedy_chat(stream=True)))
-            await asyncio.sleep(0.15)
+            leading = Timed()
+            leader = asyncio.create_task(leading.read(client, greedy_chat(stream=True)))
+            await words_in(leading)
             gone = [
                 asyncio.create_task(client.post("/v1/chat/completions", json=greedy_chat(stream=s)))
                 for s in (False, True)

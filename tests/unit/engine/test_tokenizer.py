@@ -44,8 +44,10 @@ async def test_long_prompts_are_encoded_off_the_event_loop() -> None:
     ids = await tokenizer.encode_chat([{"role": "user", "content": "word " * 100}])
     task.cancel()
     assert ids == [4] * 100
-    assert ticks >= 10, "the loop kept running while the prompt was encoded"
-    assert slow.threads[-1].startswith("tokenizer")
+    # Encoded on the tokenizer's thread (what proves it), and the loop ran meanwhile: about
+    # 30 ticks in the 0.3 s alone, a few asked for, so a loaded machine's slower ticks pass.
+    assert slow.threads[-1].startswith("tokenizer"), slow.threads
+    assert ticks >= 3, f"the loop ticked {ticks} times while the prompt was encoded"
     tokenizer.close()
 
 

@@ -154,14 +154,15 @@ async def test_the_deadline_ends_a_stream_whose_events_keep_coming() -> None:
 
 async def test_a_cancelled_stream_is_cancelled_not_timed_out() -> None:
     # The server cancelling the stream (the client gone) stays a cancellation, even with the
-    # stall limit about to fire.
+    # stall limit about to fire (0.1 s away: room for a loaded machine to hold this process
+    # up for a moment without the limit firing first).
     source = Finite(count=1, every=0.01, pause=5.0)
     socket = Socket(room=10_000)
-    response = EventStreamResponse(source.events(), stall_timeout=0.1)
+    response = EventStreamResponse(source.events(), stall_timeout=0.4)
     task = asyncio.ensure_future(response({"type": "http"}, never_disconnects, socket.send))
-    await asyncio.sleep(0.09)
+    await asyncio.sleep(0.3)
     task.cancel()
-    await asyncio.sleep(0.05)
+    await asyncio.wait([task], timeout=5)
     assert task.cancelled()
     assert source.closed.is_set()
     assert "[DONE]" not in data_lines(socket)
