@@ -1,6 +1,6 @@
 """No single request stalls the others: while one hostile body up to the body limit is being
-worked on, `/health` keeps answering, never going a second without an answer, and the
-gateway's own loop-lag histogram sees no stall of a second (real engine, real HTTP). The
+worked on, `/health` keeps answering, never going two seconds without an answer, and the
+gateway's own loop-lag histogram sees no stall past 2.5 s (real engine, real HTTP). The
 bound is a stall a user would see, with room for a loaded two-core machine: alone, the
 worst probe is 6 to 48 ms; how fast `/health` answers is measured, not asserted, by
 `bench/latency_probes.py`.
@@ -32,9 +32,11 @@ BODY_LIMIT = 8 * 1024 * 1024  # the default SLUICEGATE_MAX_REQUEST_BYTES
 PROBE_EVERY_S = 0.05
 # The longest `/health` may go without an answer while the body is worked on (the probe
 # interval included), and the gateway's loop lag bucket that no sample may pass: a stall a
-# user would see. Typical: 50 ms plus a few (alone), up to 300 ms late in a full run.
-STALL_BOUND_S = 1.0
-STALL_BUCKET = "1.0"
+# user would see. Typical: 50 ms plus a few alone; probes of 119 to 248 ms late in full
+# runs, and once 633 ms (bench/latency_probes.py beside a full run): about 8 times the
+# loaded figures.
+STALL_BOUND_S = 2.0
+STALL_BUCKET = "2.5"
 
 
 def sentences(size: int, sentence: str = "The quick brown fox jumps over the lazy dog. ") -> str:
@@ -180,7 +182,7 @@ def test_health_keeps_answering_while_a_hostile_body_is_worked_on(
     lag_after = lag_buckets(gateway.url)
     seen = ", ".join(
         f"{samples_over(lag_before, lag_after, bound):g} over {bound} s"
-        for bound in ("0.1", "0.25", STALL_BUCKET)
+        for bound in ("0.1", "0.5", STALL_BUCKET)
     )
     measured = (
         f"{name}: /health went {silence * 1000:.0f} ms without an answer, worst probe "
