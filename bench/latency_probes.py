@@ -41,7 +41,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.server import MODEL_NAME, GatewayProcess, start_gateway  # noqa: E402
+from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway  # noqa: E402
 
 PROBES = ("health", "refusals", "invalidation")
 ADMITTED = 8
@@ -185,13 +185,12 @@ def probe_refusals(gateway: GatewayProcess, rounds: int) -> list[dict[str, Any]]
 
 async def invalidations(rounds: int, folder: Path) -> list[dict[str, Any]]:
     import redis
-    from tests.fakes import FakeEngine, fake_app, serve_in_thread
-    from tests.integration.redis_server import running_redis
+    from tests.support.fakes import FakeEngine, fake_app, greedy_chat, serve_in_thread
+    from tests.support.redis_server import running_redis
     from tests.unit.cache.test_invalidation import (
         MAX_LAG,
         PREFIX,
         Gateway,
-        chat,
         entries,
         first_change,
         near_hit_on,
@@ -212,7 +211,7 @@ async def invalidations(rounds: int, folder: Path) -> list[dict[str, Any]]:
                 gateways.append(Gateway(client, engine))
             a, b = gateways
             for i in range(rounds):
-                body, old, new = chat(f"round {i}"), f"Old {i}", f"New {i}"
+                body, old, new = greedy_chat(f"round {i}"), f"Old {i}", f"New {i}"
                 a.engine.words = b.engine.words = [old]
                 await a.ask(body)
                 await near_hit_on(b, body)
