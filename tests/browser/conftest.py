@@ -18,7 +18,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from tests.support.gateway import GatewayProcess, free_port, start_gateway
+from tests.support.gateway import GatewayProcess, free_port, running_gateway
 
 KEY = "sk-browser-5e1d"
 PAGES = Path(__file__).parent / "pages"
@@ -55,12 +55,11 @@ def origins() -> Iterator[Origins]:
 def browser_gateway(
     tmp_path_factory: pytest.TempPathFactory, origins: Origins
 ) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("browser"),
         env={"SLUICEGATE_API_KEYS": KEY, "SLUICEGATE_CORS_ALLOW_ORIGINS": origins.allowed},
-    )
-    yield gateway
-    gateway.stop()
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="session")

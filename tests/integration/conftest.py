@@ -7,15 +7,14 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """One real gateway (real vLLM engine, SmolLM2, float32) for the whole session."""
-    process = start_gateway(tmp_path_factory.mktemp("gateway"))
-    yield process
-    process.stop()
+    with running_gateway(tmp_path_factory.mktemp("gateway")) as process:
+        yield process
 
 
 # Points the tests that take `base_url` (not `gateway`) at a server already running, e.g. vLLM's

@@ -15,7 +15,12 @@ import openai
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.support.gateway import MODEL_NAME, GatewayProcess, gateway_env, start_gateway
+from tests.support.gateway import (
+    MODEL_NAME,
+    GatewayProcess,
+    gateway_env,
+    running_gateway,
+)
 
 KEY = "sk-integration-7f3a9c"
 ROTATED = "sk-next-2b8e41"
@@ -42,9 +47,8 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
         # One sequence in flight per key: a key holding it is easy to make.
         "SLUICEGATE_MAX_SEQUENCES_PER_KEY": "1",
     }
-    gateway = start_gateway(folder, env=env)
-    yield gateway
-    gateway.stop()
+    with running_gateway(folder, env=env) as gateway:
+        yield gateway
 
 
 def test_only_health_ready_and_metrics_answer_without_a_key(keyed: GatewayProcess) -> None:

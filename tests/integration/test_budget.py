@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from tests.integration.conftest import BYPASS_CACHE, chat_prompt_tokens
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 SMALL_CONTEXT = 512
@@ -113,12 +113,11 @@ def test_cached_answers_carry_the_budget_headers(base_url: str, model: str) -> N
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    process = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("budget"),
         env={"SLUICEGATE_MAX_MODEL_LEN": str(SMALL_CONTEXT)},
-    )
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def post(gateway: GatewayProcess, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 BATCH = 4
@@ -30,15 +30,14 @@ REFUSAL_STALL_S = 2.0
 
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("engine-admission"),
         env={
             "SLUICEGATE_MAX_NUM_SEQS": str(BATCH),
             "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING),
         },
-    )
-    yield gateway
-    gateway.stop()
+    ) as gateway:
+        yield gateway
 
 
 def body(i: int) -> dict[str, object]:
@@ -99,17 +98,16 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
 
 KV_BOUND = 0.0005
 """Below one running request's share of the test engine's 2 GiB KV cache (a prompt of some
-50 tokens holds 4 of about 2,900 blocks, 0.0014): any request running crosses it."""
+50 tokens holds 4 of about 1,450 blocks, 0.0028): any request running crosses it."""
 
 
 @pytest.fixture(scope="module")
 def kv_bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("kv-admission"),
         env={"SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)},
-    )
-    yield gateway
-    gateway.stop()
+    ) as gateway:
+        yield gateway
 
 
 async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(

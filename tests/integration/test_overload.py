@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 ADMITTED = 8
@@ -41,9 +41,8 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
         "SLUICEGATE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         "SLUICEGATE_LOG_FORMAT": "json",  # the access lines give each request's time
     }
-    gateway = start_gateway(tmp_path_factory.mktemp("overload"), env=env)
-    yield gateway
-    gateway.stop()
+    with running_gateway(tmp_path_factory.mktemp("overload"), env=env) as gateway:
+        yield gateway
 
 
 def refusal_times(gateway: GatewayProcess, log_start: int, count: int) -> list[float]:

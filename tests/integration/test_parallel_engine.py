@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 # Starting three workers on a shared 2-core machine takes minutes, inside the first test's
@@ -48,7 +48,7 @@ def thread_binding(workers: int) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    process = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("parallel"),
         env={
             "SLUICEGATE_TENSOR_PARALLEL_SIZE": str(TENSOR_PARALLEL_SIZE),
@@ -58,9 +58,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
             "SLUICEGATE_SHUTDOWN_TIMEOUT": "180",
             "VLLM_CPU_OMP_THREADS_BIND": thread_binding(TENSOR_PARALLEL_SIZE),
         },
-    )
-    yield process
-    process.stop()
+    ) as process:
+        yield process
 
 
 def workers(gateway: GatewayProcess) -> list[psutil.Process]:

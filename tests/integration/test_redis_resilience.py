@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 from tests.support.redis_server import RedisProcess, running_redis
 
@@ -67,18 +67,16 @@ def gateway_env(redis_url: str) -> dict[str, str]:
 def replica_a(
     tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
 ) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(tmp_path_factory.mktemp("a"), env=gateway_env(test_redis.url))
-    yield gateway
-    gateway.stop()
+    with running_gateway(tmp_path_factory.mktemp("a"), env=gateway_env(test_redis.url)) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")
 def replica_b(
     tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
 ) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(tmp_path_factory.mktemp("b"), env=gateway_env(test_redis.url))
-    yield gateway
-    gateway.stop()
+    with running_gateway(tmp_path_factory.mktemp("b"), env=gateway_env(test_redis.url)) as gateway:
+        yield gateway
 
 
 async def test_redis_killed_paused_and_restarted_under_load_fails_nothing(

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from sluicegate.keys import ApiKeyring
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.redis_server import RedisProcess, running_redis
 
 KEY_A, KEY_B = "sk-store-a-51c8", "sk-store-b-07e2"
@@ -54,9 +54,8 @@ def gateway(
         "SLUICEGATE_RESPONSES_MAX_ENTRY_BYTES": str(KEY_BOUND),
         "SLUICEGATE_RESPONSES_MAX_BYTES_PER_KEY": str(KEY_BOUND),
     }
-    process = start_gateway(tmp_path_factory.mktemp("gateway"), env=env)
-    yield process
-    process.stop()
+    with running_gateway(tmp_path_factory.mktemp("gateway"), env=env) as process:
+        yield process
 
 
 def test_one_keys_large_records_never_push_out_another_keys(

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 # Also the longest the 16-choice stream may wait for its first event: 5 s was outlasted on a
@@ -29,7 +29,7 @@ GENERATED = "vllm:generation_tokens_total"
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("slow"),
         env={
             # One slot: any request that holds one shows at once.
@@ -37,9 +37,8 @@ def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
             "SLUICEGATE_STREAM_STALL_TIMEOUT": str(STALL_TIMEOUT),
             "SLUICEGATE_REQUEST_HEAD_TIMEOUT": str(HEAD_TIMEOUT),
         },
-    )
-    yield gateway
-    gateway.stop()
+    ) as gateway:
+        yield gateway
 
 
 def raw_request(body: dict[str, object], length: int | None = None) -> tuple[bytes, bytes]:

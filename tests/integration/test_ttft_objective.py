@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 OBJECTIVE_S = 1.0
@@ -21,12 +21,11 @@ BURST = 64
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    gateway = start_gateway(
+    with running_gateway(
         tmp_path_factory.mktemp("ttft-objective"),
         env={"SLUICEGATE_TTFT_OBJECTIVE": str(OBJECTIVE_S)},
-    )
-    yield gateway
-    gateway.stop()
+    ) as gateway:
+        yield gateway
 
 
 def body(i: int) -> dict[str, object]:

@@ -17,7 +17,12 @@ from openai import OpenAI
 from sluicegate.engine.model import GGUF_FILE, bundled_model_dir, gguf_folder
 from sluicegate.settings import Settings
 from tests.integration.conftest import chat_prompt_tokens
-from tests.support.gateway import GatewayProcess, free_port, peer_process, start_gateway
+from tests.support.gateway import (
+    GatewayProcess,
+    free_port,
+    peer_process,
+    running_gateway,
+)
 
 MODEL = "SmolLM2-135M-Instruct"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -46,9 +51,8 @@ def gateway(
         "SLUICEGATE_UPSTREAM_URLS": llamacpp_server,
         "SLUICEGATE_TOKENIZER": str(bundled_model_dir(Settings().model_cache_dir)),
     }
-    process = start_gateway(tmp_path_factory.mktemp("gw"), env=env)
-    yield process
-    process.stop()
+    with running_gateway(tmp_path_factory.mktemp("gw"), env=env) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,13 @@ from openai import OpenAI
 import sluicegate.engine
 from sluicegate.engine.model import bundled_model_dir
 from sluicegate.settings import Settings
-from tests.support.gateway import GatewayProcess, free_port, peer_process, start_gateway
+from tests.support.gateway import (
+    GatewayProcess,
+    engine_core,
+    free_port,
+    peer_process,
+    running_gateway,
+)
 
 MODEL = "SmolLM2-135M-Instruct"
 TEMPLATE = Path(sluicegate.engine.__file__).parent / "templates" / "smollm2_tools.jinja"
@@ -32,8 +38,8 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **engine_core()}
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(bundled_model_dir(Settings().model_cache_dir)),
@@ -52,9 +58,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def gateway(vllm_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     env = {"SLUICEGATE_UPSTREAM_URLS": vllm_server, "SLUICEGATE_UPSTREAM_HEALTH_PATH": "/health"}
-    process = start_gateway(tmp_path_factory.mktemp("gw"), env=env)
-    yield process
-    process.stop()
+    with running_gateway(tmp_path_factory.mktemp("gw"), env=env) as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -25,7 +26,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@dataclass
+@dataclass(eq=False)
 class GatewayProcess:
     process: subprocess.Popen[bytes]
     port: int
@@ -46,18 +47,33 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+        _started.discard(self)
         return int(self.process.returncode)
 
 
+def engine_core() -> dict[str, str]:
+    """Under pytest-xdist, the core the engines of this worker compute on: vLLM's CPU backend
+    binds one engine to core 0 by default (keeping the rest for the API server), so two
+    workers' engines would share one core while the other idles."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(int(worker[2:]) % (os.cpu_count() or 1))}
+
+
 def gateway_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every test gateway runs with: offline, small KV cache and context."""
+    """The environment every test gateway runs with: offline, small KV cache and context, and
+    under pytest-xdist, its worker's own core for a single-process engine."""
+    extra = extra or {}
+    tensor_parallel = int(extra.get("SLUICEGATE_TENSOR_PARALLEL_SIZE", "1")) > 1
     return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
-        "SLUICEGATE_CPU_KVCACHE_SPACE_GIB": "2",
+        "SLUICEGATE_CPU_KVCACHE_SPACE_GIB": "1",
         "SLUICEGATE_MAX_MODEL_LEN": "2048",
-        **(extra or {}),
+        **({} if tensor_parallel else engine_core()),
+        **extra,
     }
 
 
@@ -72,7 +88,32 @@ def start_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None)
             env=gateway_env(env),
             start_new_session=True,
         )
-    return wait_until_ready(GatewayProcess(process, port, log_path))
+    gateway = GatewayProcess(process, port, log_path)
+    _started.add(gateway)
+    return wait_until_ready(gateway)
+
+
+_started: set[GatewayProcess] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Gateways still running when the test process exits (a fixture that never tore down, an
+    interrupted run) are stopped rather than left holding an engine's memory."""
+    for gateway in list(_started):
+        gateway.stop(timeout=10)
+
+
+@contextlib.contextmanager
+def running_gateway(
+    log_dir: Path, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[GatewayProcess]:
+    """A gateway for the block: the one way fixtures start one; stopped however the block ends."""
+    gateway = start_gateway(log_dir, *flags, env=env)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
