@@ -17,6 +17,8 @@ the deltas produced so far, then the live ones, each rendered in its own respons
 - The flight's Redis lock (when the store is shared) is refreshed while the run lives, so
   replicas keep waiting for the entry however long the generation takes; it is released at
   the end.
+- Once the run has ended, its entry is stored whoever is still reading: the readers leaving
+  then (as they all do, with the response sent) abort nothing.
 """
 
 from __future__ import annotations
@@ -180,6 +182,12 @@ class Flight:
 
     def leave(self, reader: _Reader) -> None:
         self._readers.discard(reader)
+        if self._end is not None:
+            # The run is over: what the task has left (storing the entry, letting go of the
+            # lock) is the flight's, not its readers'. Every reader leaves at the end, often
+            # while the entry is being written, and a write cancelled then is lost whenever its
+            # command had not yet reached the store (a Redis connection being opened).
+            return
         if not self._readers and self._task is not None and not self._task.done():
             self._task.cancel()  # nobody reads any more: abort the run
 

@@ -1,17 +1,26 @@
 """Single flight for generations longer than the flight timeout: identical requests attach to
-the leader's live output, streamed or not, and the engine runs once."""
+the leader's live output, streamed or not, and the engine runs once; and the entry a flight
+stores once its readers have all left."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
+from sluicegate.cache.entry import decode_entry
+from sluicegate.cache.flight import Flight
 from sluicegate.cache.key import lock_key
+from sluicegate.cache.response_cache import CacheConfig, ResponseCache
+from sluicegate.cache.store import CacheStore, MemoryStore, RedisStore
+from sluicegate.cache.ttl import TtlPolicy, TtlRule
+from sluicegate.engine.protocol import ChoiceDelta
+from sluicegate.wiring import redis_client
 from tests.support.fakes import (
     SLOW_OK,
     FakeEngine,
@@ -220,3 +229,62 @@ async def test_the_redis_lock_lives_as_long_as_the_leader(prefix: str) -> None:
     assert other.headers["x-cache"] == "HIT"
     assert other.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
     assert lock_key("x") == "x:lock"
+
+
+class OpeningStore(MemoryStore):
+    """The memory store, each write first waiting on the loop, as a Redis command does while
+    its connection is being opened."""
+
+    async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
+        await asyncio.sleep(0)
+        await super().set(key, value, ttl_ms)
+
+
+async def run_of(text: str) -> AsyncIterator[ChoiceDelta]:
+    for word in text.split(" "):
+        yield ChoiceDelta(0, word + " ", 1)
+    yield ChoiceDelta(0, "", 0, "stop")
+
+
+async def stored_text(store: CacheStore, key: str, text: str) -> str | None:
+    """The text stored under `key` once it is `text` (within 2 s), or the last one seen."""
+    deadline = time.monotonic() + 2
+    found = None
+    while True:
+        stored = await store.read(key)
+        found = None if stored is None else decode_entry(key, stored[0])[0].choices[0].text
+        if found == text or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", ["opening", "redis"])
+async def test_the_entry_is_stored_though_its_readers_left_when_the_run_ended(
+    kind: str, prefix: str
+) -> None:
+    """The leader's reader leaves as soon as the run ends (its response sent), while the
+    entry is being written. The write goes on: a refresh (no-cache) replaces the entry,
+    and this process reads the newest one meanwhile. With Redis, a client of its own: the
+    first write opens the connection."""
+    close: Callable[[], Any] | None = None
+    store: CacheStore
+    if kind == "redis":
+        client = redis_client(shared_redis_url(), 4)
+        store, close = RedisStore(client, op_timeout=SLOW_OK), client.aclose
+    else:
+        store = OpeningStore(max_bytes=1 << 20)
+    cache = ResponseCache(store, TtlPolicy(TtlRule()), CacheConfig(prefix=prefix), "m", "id")
+    key = f"{prefix}:cache:v1:m:{0:064x}"
+    try:
+        for text in ("Old words", "Fresh words"):
+            flight = Flight(cache, key, 1, lambda: 3, store=True, max_entry_bytes=1 << 20)
+            async for _ in flight.lead(run_of(text)):
+                pass
+            hit = await cache.fetch(key)  # while the write may still be under way
+            assert hit is not None and hit.completion is not None
+            assert hit.completion.choices[0].text == text + " "
+            assert await stored_text(store, key, text + " ") == text + " "
+    finally:
+        await cache.close()
+        if close is not None:
+            await close()
