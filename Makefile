@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput bench-parity clean
+	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput bench-parity bench-probes clean
 
 all: check test
 
@@ -160,6 +160,11 @@ bench-timeline: install $(DEV_STAMP)
 # objective against vLLM's server; goodput, TTFT of admitted requests, refusal latency.
 bench-goodput: install $(DEV_STAMP)
 	$(PY) bench/goodput.py
+
+# The latency figures tests no longer assert: /health under hostile bodies, refusals under
+# overload, near-cache invalidation (docs/benchmarks/README.md#latency-probes).
+bench-probes: install $(DEV_STAMP)
+	$(PY) bench/latency_probes.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) $(LITELLM_VENV) .pytest_cache .mypy_cache .ruff_cache tests/js/node_modules
