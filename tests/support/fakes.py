@@ -37,6 +37,7 @@ from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidReque
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
 from sluicegate.wire.completion import Collector, Completion
+from tests.support.redis_server import shared_redis_url
 
 
 class WhitespaceTokenizer:
@@ -248,6 +249,16 @@ def greedy_chat(text: str = "Say hello", **extra: Any) -> dict[str, Any]:
 
 # Generous, for the tests that count generations: a busy machine must not make them fail open.
 SLOW_OK = 1.0
+
+
+def redis_cache(prefix: str, **extra: object) -> dict[str, object]:
+    """Settings for an app whose cache lives in the test process's Redis, under `prefix`."""
+    return {
+        "redis_url": shared_redis_url(),
+        "redis_key_prefix": prefix,
+        "cache_redis_timeout": SLOW_OK,
+        **extra,
+    }
 
 
 async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) -> httpx.Response:

@@ -80,11 +80,12 @@ def urls(server: SecureRedis) -> dict[str, str]:
     }
 
 
-def body() -> dict[str, object]:
+def body(max_tokens: int = 16) -> dict[str, object]:
     return {
         "model": FAKE_MODEL,
         "messages": [{"role": "user", "content": "hello"}],
         "temperature": 0,
+        "max_tokens": max_tokens,
     }
 
 
@@ -117,7 +118,11 @@ async def test_a_wrong_password_fails_open(secure_redis: SecureRedis) -> None:
     engine = FakeEngine()
     with serve_in_thread(fake_app(engine, redis_url=url, cache_retry_interval=0)) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-            responses = [await client.post("/v1/chat/completions", json=body()) for _ in range(3)]
+            # Three different requests: an entry this process is still writing (to a Redis
+            # that refuses it) would answer a repeat of its own request.
+            responses = [
+                await client.post("/v1/chat/completions", json=body(8 + i)) for i in range(3)
+            ]
     assert [r.status_code for r in responses] == [200] * 3
     assert [r.headers["x-cache"] for r in responses] == ["MISS"] * 3
     assert len(engine.requests) == 3

@@ -27,6 +27,7 @@ from tests.support.fakes import (
     fake_app,
     greedy_chat,
     post,
+    redis_cache,
     serve_in_thread,
     sse_payloads,
 )
@@ -41,9 +42,7 @@ FLIGHT_TIMEOUT = 0.3
 def store(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
     settings: dict[str, object] = {"cache_flight_timeout": FLIGHT_TIMEOUT}
     if request.param == "redis":
-        settings.update(
-            redis_url=shared_redis_url(), redis_key_prefix=prefix, cache_redis_timeout=SLOW_OK
-        )
+        settings.update(redis_cache(prefix))
     return settings
 
 

@@ -29,6 +29,7 @@ from tests.support.fakes import (
     fake_app,
     greedy_chat,
     post,
+    redis_cache,
     serve_in_thread,
     sse_payloads,
 )
@@ -46,11 +47,7 @@ def answer(body: dict[str, Any]) -> Any:
 def store_settings(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
     if request.param == "memory":
         return {}
-    return {
-        "redis_url": shared_redis_url(),
-        "redis_key_prefix": prefix,
-        "cache_redis_timeout": SLOW_OK,
-    }
+    return redis_cache(prefix)
 
 
 @pytest.fixture
@@ -310,11 +307,7 @@ async def test_redis_ttl_follows_the_policy(prefix: str) -> None:
 
 async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
     engine = FakeEngine()
-    settings = {
-        "redis_url": shared_redis_url(),
-        "redis_key_prefix": prefix,
-        "cache_redis_timeout": SLOW_OK,
-    }
+    settings = redis_cache(prefix)
     errors = CACHE_STORE_ERRORS.labels(op="decode")._value.get()
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -343,9 +336,11 @@ async def test_unreachable_redis_serves_from_the_engine_and_warns_once(
         serve_in_thread(fake_app(engine, **settings)) as url,
     ):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            for _ in range(5):
+            # Five different requests: an entry this process is still writing (Redis
+            # refusing the connection) would answer a repeat of its own request.
+            for i in range(5):
                 started = time.monotonic()
-                response = await post(client, greedy_chat())
+                response = await post(client, greedy_chat(max_tokens=8 + i))
                 took = time.monotonic() - started
                 assert response.headers["x-cache"] == "MISS"
                 # Not held up by the store (a few ms): the bound is a stall a user would see.
@@ -398,11 +393,7 @@ async def test_slow_redis_is_bounded_by_the_operation_timeout(
 
 async def test_two_gateways_on_one_redis_generate_once_for_fifty_requests(prefix: str) -> None:
     engines = [FakeEngine(step_delay=0.05), FakeEngine(step_delay=0.05)]
-    settings = {
-        "redis_url": shared_redis_url(),
-        "redis_key_prefix": prefix,
-        "cache_redis_timeout": SLOW_OK,
-    }
+    settings = redis_cache(prefix)
     with (
         serve_in_thread(fake_app(engines[0], **settings)) as url_a,
         serve_in_thread(fake_app(engines[1], **settings)) as url_b,
@@ -444,11 +435,7 @@ async def test_fast_path_hits_still_count_against_rate_limits() -> None:
 
 async def test_fast_path_falls_back_when_the_entry_is_gone(prefix: str) -> None:
     engine = FakeEngine()
-    settings = {
-        "redis_url": shared_redis_url(),
-        "redis_key_prefix": prefix,
-        "cache_redis_timeout": SLOW_OK,
-    }
+    settings = redis_cache(prefix)
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             await post(client, greedy_chat())
