@@ -74,10 +74,13 @@ $(TOOLS_STAMP):
 	$(TOOLS_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(CHECKOV)'
 	touch $@
 
-# The tiers (docs/testing.md#tiers), each over WORKERS parallel pytest processes; the time of
-# each is printed at the end. Tests start the Redis servers they use (redis-server only needs
-# to be installed). PYTEST_ARGS go to every tier, e.g. PYTEST_ARGS='-k cache'.
+# The tiers (docs/testing.md#tiers): the unit tier over WORKERS parallel pytest processes, the
+# integration tier over INTEGRATION_WORKERS (0: in pytest's own process; its engines are
+# CPU-bound and hold about 4 GB each); the time of each is printed at the end. Tests start the
+# Redis servers they use (redis-server only needs to be installed). PYTEST_ARGS go to every
+# tier, e.g. PYTEST_ARGS='-k cache'.
 WORKERS ?= 2
+INTEGRATION_WORKERS ?= 0
 PYTEST_ARGS ?=
 TEST_TOOLS := bash scripts/ensure-redis.sh --installed && bash scripts/ensure-prometheus.sh \
 	&& bash scripts/ensure-kubectl.sh
@@ -85,7 +88,8 @@ TEST_TOOLS := bash scripts/ensure-redis.sh --installed && bash scripts/ensure-pr
 test: install $(DEV_STAMP) $(JS_STAMP) $(TOOLS_STAMP)
 	$(TEST_TOOLS)
 	bash scripts/ensure-chromium.sh
-	$(PY) scripts/test_tiers.py unit integration --workers $(WORKERS) -- $(PYTEST_ARGS)
+	$(PY) scripts/test_tiers.py unit integration --workers $(WORKERS) \
+		--integration-workers $(INTEGRATION_WORKERS) -- $(PYTEST_ARGS)
 
 # No engine process, no browser, no peer server: what to run after every change.
 unit: install $(DEV_STAMP) $(TOOLS_STAMP)

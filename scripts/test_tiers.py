@@ -1,7 +1,8 @@
 """Run the test tiers one after another, each over parallel pytest processes, and print how long
 each took at the end, so a growing suite shows (docs/testing.md#tiers).
 
-    python scripts/test_tiers.py unit integration [--workers 2] [-- pytest args...]
+    python scripts/test_tiers.py unit integration [--workers 2] [--integration-workers 0]
+        [-- pytest args...]
 
 Every tier runs even when an earlier one fails; the exit status is the first failure's.
 """
@@ -25,12 +26,20 @@ TIERS = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tiers", nargs="+", choices=list(TIERS))
-    parser.add_argument("--workers", default="2", help="pytest-xdist processes per tier")
+    parser.add_argument("--workers", default="2", help="pytest-xdist processes for the unit tier")
+    parser.add_argument(
+        "--integration-workers",
+        default="0",
+        help="pytest-xdist processes for the integration tier; 0, in pytest's own process, by "
+        "default: its engines are CPU-bound and hold about 4 GB each, and two workers on two "
+        "cores ran no faster than one and ran out of memory",
+    )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     results: list[tuple[str, int, float]] = []
     for name in args.tiers:
-        command = [sys.executable, "-m", "pytest", "-n", args.workers, *TIERS[name], *extra]
+        workers = args.integration_workers if name == "integration" else args.workers
+        command = [sys.executable, "-m", "pytest", "-n", workers, *TIERS[name], *extra]
         print(f"== tier {name}: {' '.join(command[1:])}", flush=True)
         started = time.monotonic()
         code = subprocess.call(command)

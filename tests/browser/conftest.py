@@ -2,6 +2,7 @@
 
 The gateway runs with an API key and one allowed CORS origin: the port of a page server
 started here. A second page server on another port is an origin the gateway does not allow.
+All of it lives for this package's tests only, so its engine's memory is free for the rest.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ def page_server(port: int) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def origins() -> Iterator[Origins]:
     with page_server(free_port()) as allowed, page_server(free_port()) as blocked:
         yield Origins(allowed, blocked)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser_gateway(
     tmp_path_factory: pytest.TempPathFactory, origins: Origins
 ) -> Iterator[GatewayProcess]:
@@ -62,7 +63,7 @@ def browser_gateway(
         yield gateway
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def driver() -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"

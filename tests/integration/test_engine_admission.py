@@ -6,8 +6,9 @@ Retry-After, before any engine work, and counted by reason; the requests admitte
 served whole. The bound holds within a step: requests handed to the engine since its last
 step count as waiting.
 
-MAX_KV_CACHE_USAGE (another gateway): refused while a request holds KV blocks, admitted when
-the engine is idle; only vLLM's scheduler stats, read after each step, say so."""
+MAX_KV_CACHE_USAGE (another gateway, started with the first): refused while a request holds KV
+blocks, admitted when the engine is idle; only vLLM's scheduler stats, read after each step, say
+so."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import metric_value
 
 BATCH = 4
@@ -26,18 +27,24 @@ WAITING = 4
 BURST = 24
 # A refusal a user would see as a stall (they take tens of ms): room for a loaded machine.
 REFUSAL_STALL_S = 2.0
+KV_BOUND = 0.0005
+"""Below one running request's share of the test engine's 1 GiB KV cache (a prompt of some
+50 tokens holds 4 of about 1,450 blocks, 0.0028): any request running crosses it."""
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        tmp_path_factory.mktemp("engine-admission"),
-        env={
-            "SLUICEGATE_MAX_NUM_SEQS": str(BATCH),
-            "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING),
-        },
-    ) as gateway:
-        yield gateway
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
+    """The two gateways, started together (their start-ups overlap)."""
+    batch = {"SLUICEGATE_MAX_NUM_SEQS": str(BATCH), "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING)}
+    kv = {"SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)}
+    folder = tmp_path_factory.mktemp("engine-admission")
+    with running_gateways(folder, GatewaySpec(env=batch), GatewaySpec(env=kv)) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def bounded(gateways: list[GatewayProcess]) -> GatewayProcess:
+    return gateways[0]
 
 
 def body(i: int) -> dict[str, object]:
@@ -96,18 +103,9 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     assert counted == len(refused)
 
 
-KV_BOUND = 0.0005
-"""Below one running request's share of the test engine's 2 GiB KV cache (a prompt of some
-50 tokens holds 4 of about 1,450 blocks, 0.0028): any request running crosses it."""
-
-
 @pytest.fixture(scope="module")
-def kv_bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        tmp_path_factory.mktemp("kv-admission"),
-        env={"SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)},
-    ) as gateway:
-        yield gateway
+def kv_bounded(gateways: list[GatewayProcess]) -> GatewayProcess:
+    return gateways[1]
 
 
 async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(

@@ -1,4 +1,5 @@
-"""Engine death and graceful shutdown, each on a gateway of its own."""
+"""Engine death and graceful shutdown, each on a gateway of its own (started together with the
+others of its kind, so their start-ups overlap)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import psutil
+import pytest
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
-from tests.support.gateway import MODEL_NAME, GatewayProcess, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import metric_value
 
 STREAM_BODY = {
@@ -26,6 +28,26 @@ STREAM_BODY = {
 }
 
 
+@pytest.fixture(scope="module")
+def dying(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
+    """For the engine-death tests: the default, and one told to stay up, bound to every
+    interface with no API keys as the images run by default."""
+    stays_up = GatewaySpec(
+        flags=("--host", "0.0.0.0"), env={"SLUICEGATE_EXIT_ON_ENGINE_DEATH": "false"}
+    )
+    with running_gateways(tmp_path_factory.mktemp("dying"), GatewaySpec(), stays_up) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def draining(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
+    """For the shutdown tests: a drain of 2 s, and one of 60 s."""
+    short, long = (GatewaySpec(flags=("--shutdown-timeout", str(s))) for s in (2, 60))
+    folder = tmp_path_factory.mktemp("draining")
+    with running_gateways(folder, short, long) as started:
+        yield started
+
+
 def kill_engine_core(gateway: GatewayProcess) -> None:
     children = psutil.Process(gateway.process.pid).children(recursive=True)
     assert children, "the engine core runs in a child process"
@@ -33,8 +55,10 @@ def kill_engine_core(gateway: GatewayProcess) -> None:
         child.kill()
 
 
-def test_engine_death_answers_what_is_in_flight_with_503_then_exits_3(tmp_path: Path) -> None:
-    gateway = start_gateway(tmp_path)
+def test_engine_death_answers_what_is_in_flight_with_503_then_exits_3(
+    dying: list[GatewayProcess],
+) -> None:
+    gateway = dying[0]
     url = f"{gateway.url}/v1/chat/completions"
     long = {**STREAM_BODY, "max_tokens": 1500, "stream": False}
     replies: dict[str, httpx.Response] = {}
@@ -81,12 +105,9 @@ def test_engine_death_answers_what_is_in_flight_with_503_then_exits_3(tmp_path: 
 
 
 def test_with_exit_on_engine_death_off_the_gateway_stays_up_answering_503(
-    tmp_path: Path,
+    dying: list[GatewayProcess],
 ) -> None:
-    # Bound to every interface with no API keys, as the images run by default.
-    gateway = start_gateway(
-        tmp_path, "--host", "0.0.0.0", env={"SLUICEGATE_EXIT_ON_ENGINE_DEATH": "false"}
-    )
+    gateway = dying[1]
     try:
         warning = [line for line in gateway.log().splitlines() if "reachable from" in line]
         assert warning and "WARNING" in warning[0] and "SLUICEGATE_API_KEYS" in warning[0]
@@ -116,57 +137,10 @@ def test_with_exit_on_engine_death_off_the_gateway_stays_up_answering_503(
         gateway.stop()
 
 
-def test_sigterm_drains_20_live_streams_intact_and_exits_0(tmp_path: Path) -> None:
-    gateway = start_gateway(tmp_path, "--shutdown-timeout", "60")
-    # Long enough that the streams outlast the checks made while they drain, on a busy
-    # machine too (at 48 tokens they had all ended, and the server exited, before the check
-    # of a refused request).
-    body = {**STREAM_BODY, "max_tokens": 192, "ignore_eos": True}
-    streams: list[list[str]] = [[] for _ in range(20)]
-    started = [threading.Event() for _ in streams]
-
-    def consume(i: int) -> None:
-        with httpx.stream(
-            "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=180
-        ) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    streams[i].append(line.removeprefix("data: "))
-                    started[i].set()
-
-    readers = [threading.Thread(target=consume, args=(i,)) for i in range(len(streams))]
-    for reader in readers:
-        reader.start()
-    try:
-        for event in started:
-            assert event.wait(120), "a stream did not start"
-        gateway.process.send_signal(signal.SIGTERM)
-        # While it drains, the gateway still answers: not ready, and no new work.
-        deadline = time.monotonic() + 10
-        while httpx.get(f"{gateway.url}/ready", timeout=5).status_code != 503:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        refused = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "stream": False})
-        assert any(reader.is_alive() for reader in readers), "the drain was still under way"
-        assert refused.status_code == 503
-        assert refused.json()["error"]["code"] == "shutting_down"
-        assert refused.headers["retry-after"] == "1"
-        for reader in readers:
-            reader.join(180)
-            assert not reader.is_alive()
-        for events in streams:
-            assert events[-1] == "[DONE]"
-            chunks = [json.loads(e) for e in events[:-1]]
-            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-            assert text, "every stream carried its content"
-        assert gateway.process.wait(60) == 0
-    finally:
-        gateway.stop()
-
-
-def test_drain_timeout_cuts_long_streams_and_still_exits_cleanly(tmp_path: Path) -> None:
-    gateway = start_gateway(tmp_path, "--shutdown-timeout", "2")
+def test_drain_timeout_cuts_long_streams_and_still_exits_cleanly(
+    draining: list[GatewayProcess],
+) -> None:
+    gateway = draining[0]
     long_stream = {**STREAM_BODY, "max_tokens": 1500}
     started = threading.Event()
     ended = threading.Event()
@@ -214,23 +188,31 @@ def in_session(session: int) -> list[psutil.Process]:
     return members
 
 
-def test_sigterm_to_the_whole_process_group_drains_and_leaves_no_process(tmp_path: Path) -> None:
-    # What systemd's default KillMode and `kill -- -PID` do: the signal reaches every process
-    # of the gateway's group (it leads its own session here), the engine's included.
-    gateway = start_gateway(tmp_path, "--shutdown-timeout", "60")
+def test_sigterm_to_the_whole_process_group_drains_20_live_streams_and_leaves_no_process(
+    draining: list[GatewayProcess],
+) -> None:
+    """What systemd's default KillMode and `kill -- -PID` do: the signal reaches every process
+    of the gateway's group (it leads its own session here), the engine's included. While it
+    drains, the gateway still answers: not ready, and no new work; every stream ends whole.
+    (SIGTERM to the gateway's process alone is `test_parallel_engine.py`'s and
+    `test_entrypoint.py`'s.)"""
+    gateway = draining[1]
     pid = gateway.process.pid
     # A body past `LARGE_BODY_BYTES` starts the parse worker, a process of the group too.
     large = {"model": MODEL_NAME, "prompt": "word " * 30_000}
     httpx.post(f"{gateway.url}/tokenize", json=large, timeout=60)
     children = psutil.Process(pid).children(recursive=True)
     assert len(children) >= 3, "engine core, its worker and the parse worker"
-    body = {**STREAM_BODY, "max_tokens": 64}
-    streams: list[list[str]] = [[], []]
+    # Long enough that the streams outlast the checks made while they drain, on a busy
+    # machine too (at 48 tokens they had all ended, and the server exited, before the check
+    # of a refused request).
+    body = {**STREAM_BODY, "max_tokens": 192}
+    streams: list[list[str]] = [[] for _ in range(20)]
     started = [threading.Event() for _ in streams]
 
     def consume(i: int) -> None:
         with httpx.stream(
-            "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=120
+            "POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=180
         ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -244,12 +226,20 @@ def test_sigterm_to_the_whole_process_group_drains_and_leaves_no_process(tmp_pat
         for event in started:
             assert event.wait(120), "a stream did not start"
         os.killpg(pid, signal.SIGTERM)
-        time.sleep(1)
-        if any(reader.is_alive() for reader in readers):
-            # The drain is under way: every process it needs is still serving.
-            assert running(children) == children, "a child process died of the signal"
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{gateway.url}/ready", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "/ready still 200 10 s after the signal"
+            time.sleep(0.05)
+        refused = httpx.post(f"{gateway.url}/v1/chat/completions", json={**body, "stream": False})
+        serving = running(children)
+        assert any(reader.is_alive() for reader in readers), "the drain was still under way"
+        # So every process the drain needs was still serving when looked at.
+        assert serving == children, "a child process died of the signal"
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert refused.headers["retry-after"] == "1"
         for reader in readers:
-            reader.join(120)
+            reader.join(180)
             assert not reader.is_alive()
         for events in streams:
             assert events[-1] == "[DONE]"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sluicegate.keys import ApiKeyring
-from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import metric_value
 from tests.support.redis_server import RedisProcess, running_redis
 
@@ -64,19 +64,22 @@ def gateway_env(redis_url: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def replica_a(
+def replicas(
     tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
-) -> Iterator[GatewayProcess]:
-    with running_gateway(tmp_path_factory.mktemp("a"), env=gateway_env(test_redis.url)) as gateway:
-        yield gateway
+) -> Iterator[list[GatewayProcess]]:
+    spec = GatewaySpec(env=gateway_env(test_redis.url))
+    with running_gateways(tmp_path_factory.mktemp("replicas"), spec, spec) as gateways:
+        yield gateways
 
 
 @pytest.fixture(scope="module")
-def replica_b(
-    tmp_path_factory: pytest.TempPathFactory, test_redis: RedisProcess
-) -> Iterator[GatewayProcess]:
-    with running_gateway(tmp_path_factory.mktemp("b"), env=gateway_env(test_redis.url)) as gateway:
-        yield gateway
+def replica_a(replicas: list[GatewayProcess]) -> GatewayProcess:
+    return replicas[0]
+
+
+@pytest.fixture(scope="module")
+def replica_b(replicas: list[GatewayProcess]) -> GatewayProcess:
+    return replicas[1]
 
 
 async def test_redis_killed_paused_and_restarted_under_load_fails_nothing(
