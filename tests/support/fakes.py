@@ -34,9 +34,11 @@ from sluicegate.engine.protocol import (
     Tools,
 )
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
+from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
 from sluicegate.wire.completion import Collector, Completion
+from tests.support.clock import Clock
 from tests.support.redis_server import shared_redis_url
 
 
@@ -293,3 +295,13 @@ def fake_completion(text: str = "Hello there", logprobs: int = 0, choices: int =
             collector.add(ChoiceDelta(index, word + " ", 1, None, lp))
         collector.add(ChoiceDelta(index, "", 0, "stop"))
     return collector.completion(3)
+
+
+def measured(rate: float, objective: float | None = 2.0) -> tuple[PrefillQueue, Clock]:
+    """A queue that has seen one run of `rate` tokens take a second to its first token."""
+    clock = Clock(0.0)
+    queue = PrefillQueue(QueueConfig(objective=objective, min_samples=1), clock)
+    ticket = queue.enter(int(rate))
+    clock.now += 1.0
+    ticket.started()
+    return queue, clock

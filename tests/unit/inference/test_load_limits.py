@@ -12,8 +12,7 @@ from sluicegate.engine.protocol import EngineLoad
 from sluicegate.errors import OverloadedError
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
-from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
-from tests.unit.inference.test_prefill_queue import measured
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured
 
 BUSY = EngineLoad(waiting=4, running=10, kv_cache_usage=0.5)
 

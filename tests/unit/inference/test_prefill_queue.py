@@ -13,17 +13,7 @@ from fastapi.testclient import TestClient
 from sluicegate.errors import OverloadedError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from tests.support.clock import Clock
-from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app
-
-
-def measured(rate: float, objective: float | None = 2.0) -> tuple[PrefillQueue, Clock]:
-    """A queue that has seen one run of `rate` tokens take a second to its first token."""
-    clock = Clock(0.0)
-    queue = PrefillQueue(QueueConfig(objective=objective, min_samples=1), clock)
-    ticket = queue.enter(int(rate))
-    clock.now += 1.0
-    ticket.started()
-    return queue, clock
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured
 
 
 def test_the_rate_is_tokens_drained_per_second_with_runs_waiting() -> None:
