@@ -297,7 +297,9 @@ def fake_completion(text: str = "Hello there", logprobs: int = 0, choices: int =
     return collector.completion(3)
 
 
-def measured(rate: float, objective: float | None = 2.0) -> tuple[PrefillQueue, Clock]:
+def measured_prefill_queue(
+    rate: float, objective: float | None = 2.0
+) -> tuple[PrefillQueue, Clock]:
     """A queue that has seen one run of `rate` tokens take a second to its first token."""
     clock = Clock(0.0)
     queue = PrefillQueue(QueueConfig(objective=objective, min_samples=1), clock)

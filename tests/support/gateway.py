@@ -114,11 +114,8 @@ def running_gateway(
     log_dir: Path, *flags: str, env: dict[str, str] | None = None
 ) -> Iterator[GatewayProcess]:
     """A gateway for the block: the one way fixtures start one; stopped however the block ends."""
-    gateway = start_gateway(log_dir, *flags, env=env)
-    try:
+    with running_gateways(log_dir, GatewaySpec(flags, env)) as (gateway,):
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @dataclass(frozen=True)

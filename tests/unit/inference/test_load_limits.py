@@ -12,7 +12,7 @@ from sluicegate.engine.protocol import EngineLoad
 from sluicegate.errors import OverloadedError
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
-from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured_prefill_queue
 
 BUSY = EngineLoad(waiting=4, running=10, kv_cache_usage=0.5)
 
@@ -48,7 +48,7 @@ def test_retry_after_is_the_time_to_drain_what_waits(drain: float, retry: str) -
 
 
 def test_the_queue_tells_its_drain_time() -> None:
-    queue, _ = measured(100, objective=None)
+    queue, _ = measured_prefill_queue(100, objective=None)
     assert queue.drain_seconds() == 0.0
     queue.enter(250)
     assert queue.drain_seconds() == pytest.approx(2.5)
@@ -88,7 +88,7 @@ def refusals(exposition: str) -> dict[str, float]:
 
 
 def test_a_busy_engines_step_in_progress_counts_against_the_objective() -> None:
-    queue, clock = measured(100, objective=2.0)
+    queue, clock = measured_prefill_queue(100, objective=2.0)
     assert queue.expected_wait(150, in_step=0.4) == pytest.approx(1.9)
     first = queue.enter(150, in_step=0.4)  # 0.4 s to the end of the step + 1.5 s of queue
     with pytest.raises(OverloadedError):

@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from sluicegate.errors import OverloadedError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from tests.support.clock import Clock
-from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, measured_prefill_queue
 
 
 def test_the_rate_is_tokens_drained_per_second_with_runs_waiting() -> None:
-    queue, clock = measured(100, objective=None)
+    queue, clock = measured_prefill_queue(100, objective=None)
     assert queue.rate() == 100.0
     clock.now += 10  # idle time does not count
     a, b = queue.enter(100), queue.enter(300)
@@ -29,7 +29,7 @@ def test_the_rate_is_tokens_drained_per_second_with_runs_waiting() -> None:
 
 
 def test_a_run_that_would_miss_the_objective_is_refused_with_the_time_to_drain() -> None:
-    queue, clock = measured(100, objective=3.2)
+    queue, clock = measured_prefill_queue(100, objective=3.2)
     waiting = [queue.enter(100) for _ in range(3)]  # 1, 2 and 3 s: admitted
     assert queue.expected_wait(250) == pytest.approx(5.5)
     with pytest.raises(OverloadedError) as refused:
@@ -50,7 +50,7 @@ def test_a_run_that_would_miss_the_objective_is_refused_with_the_time_to_drain()
 
 
 def test_a_run_that_ends_without_a_first_token_frees_its_place_and_drains_nothing() -> None:
-    queue, clock = measured(100, objective=None)
+    queue, clock = measured_prefill_queue(100, objective=None)
     ticket = queue.enter(1000)
     clock.now += 1.0
     ticket.close()
@@ -64,7 +64,7 @@ def test_nothing_is_refused_before_the_rate_is_known_or_without_an_objective() -
     for _ in range(20):
         cold.enter(10_000)
     assert cold.rate() is None
-    unbounded, _ = measured(1, objective=None)
+    unbounded, _ = measured_prefill_queue(1, objective=None)
     unbounded.enter(1_000_000)
 
 
@@ -112,7 +112,7 @@ def test_first_tokens_later_than_foretold_are_learnt_and_counted_in() -> None:
 
 
 def test_the_time_a_run_already_spent_counts_against_its_objective() -> None:
-    queue, _ = measured(100, objective=2.0)
+    queue, _ = measured_prefill_queue(100, objective=2.0)
     queue.enter(150, elapsed=0.4)  # 0.4 s spent + 1.5 s of queue: 1.9 s, admitted
     with pytest.raises(OverloadedError):
         queue.enter(10, elapsed=0.5)  # 0.5 + 1.6 s
@@ -213,7 +213,7 @@ def test_the_learnt_lateness_halves_with_each_half_life_and_is_capped_by_the_obj
 
 
 def test_with_nothing_waiting_one_run_a_trickle_is_admitted_whatever_the_estimate() -> None:
-    queue, clock = measured(10, objective=1.0)  # 10 tokens a second
+    queue, clock = measured_prefill_queue(10, objective=1.0)  # 10 tokens a second
     clock.now += 5.0
     trickle = queue.enter(100)  # 10 s expected, but nothing waits and nothing came for 1 s
     with pytest.raises(OverloadedError):
@@ -229,7 +229,7 @@ def test_with_nothing_waiting_one_run_a_trickle_is_admitted_whatever_the_estimat
 
 
 def test_runs_marked_as_not_learning_teach_neither_the_lateness_nor_the_rate() -> None:
-    queue, clock = measured(100, objective=None)
+    queue, clock = measured_prefill_queue(100, objective=None)
     compiled = queue.enter(100, learns=False)
     clock.now += 3.0  # a grammar compiled before the first token
     compiled.started()
@@ -257,7 +257,7 @@ def test_departures_older_than_the_rate_age_no_longer_count() -> None:
 
 
 def test_a_run_waits_only_behind_its_engine_priority_and_lower() -> None:
-    queue, _ = measured(100, objective=2.0)  # 100 tokens a second
+    queue, _ = measured_prefill_queue(100, objective=2.0)  # 100 tokens a second
     queue.enter(150, priority=5, key="low")  # 1.5 s of backlog, ranked after
     # A run ranked before it (a lower value) does not wait behind it: 0.5 s, admitted.
     assert queue.enter(50, priority=1, key="high").tokens == 50
@@ -269,7 +269,7 @@ def test_a_run_waits_only_behind_its_engine_priority_and_lower() -> None:
 
 
 def test_the_key_holding_the_backlog_is_refused_before_the_others() -> None:
-    queue, _ = measured(100, objective=2.0)  # 100 tokens a second
+    queue, _ = measured_prefill_queue(100, objective=2.0)  # 100 tokens a second
     queue.enter(180, key="flood")
     # 1.8 + 0.5 s: past the objective; the flood's key holds the backlog, refused.
     with pytest.raises(OverloadedError):
