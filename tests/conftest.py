@@ -22,6 +22,48 @@ def tier(path: Path) -> str:
     return "integration" if folder in INTEGRATION else "unit"
 
 
+HEAVY = "heavy"
+HEAVY_MODULES = frozenset(
+    {
+        # Two engines at once (pairs of gateways), or three tensor-parallel workers.
+        "integration/test_engine_admission.py",
+        "integration/test_lifecycle.py",
+        "integration/test_parallel_engine.py",
+        "integration/test_redis_resilience.py",
+        # An engine beside another large process: Prometheus and a second gateway, vLLM's own
+        # server, Chromium.
+        "integration/test_monitoring.py",
+        "integration/test_upstream_vllm.py",
+        "browser/test_cors.py",
+        "browser/test_playground.py",
+    }
+)
+"""The integration tier runs in two lanes side by side (scripts/test_tiers.py): these modules,
+which hold the most memory at once, in one; every other (the tests on the session's shared
+gateway last) in the other. Measured on two cores, the two lanes take about as long."""
+
+
+def uses_shared_gateway(item: pytest.Item) -> bool:
+    """Whether the test runs on the session's one default gateway (`gateway`, `base_url` and
+    the clients over it, in tests/integration/conftest.py)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in ("gateway", "base_url"):
+        definitions = info.name2fixturedefs.get(name)
+        # The last definition is the one the test gets; modules override `gateway` with
+        # gateways of their own, module-scoped.
+        if definitions and definitions[-1].scope == "session":
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier(Path(item.path)))
+        path = Path(item.path)
+        item.add_marker(tier(path))
+        if path.relative_to(TESTS).as_posix() in HEAVY_MODULES:
+            item.add_marker(HEAVY)
+    # The tests on the shared gateway last: it starts when the first of them runs and lives
+    # to the end of the session, so the gateways of the other modules never run beside it.
+    items.sort(key=uses_shared_gateway)

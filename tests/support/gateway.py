@@ -51,14 +51,21 @@ class GatewayProcess:
         return int(self.process.returncode)
 
 
+LANE_ENV = "SLUICEGATE_TEST_LANE"
+"""Set by scripts/test_tiers.py to `lane/lanes` when a tier runs in processes side by side."""
+
+
 def engine_core() -> dict[str, str]:
-    """Under pytest-xdist, the core the engines of this worker compute on: vLLM's CPU backend
-    binds one engine to core 0 by default (keeping the rest for the API server), so two
-    workers' engines would share one core while the other idles."""
+    """The core the engines this test process starts compute on. vLLM's CPU backend binds a
+    single-process engine to core 0 by default (keeping the rest for the API server), so the
+    engines of two test processes side by side (the integration tier's lanes, or pytest-xdist
+    workers) would share one core while the other idles: each process gets one of its own."""
+    lane, lanes = (int(part) for part in os.environ.get(LANE_ENV, "0/1").split("/"))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not worker.startswith("gw"):
+    if lanes == 1 and not worker.startswith("gw"):
         return {}
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(int(worker[2:]) % (os.cpu_count() or 1))}
+    index = lane + lanes * (int(worker[2:]) if worker.startswith("gw") else 0)
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
 
 
 def gateway_env(extra: dict[str, str] | None = None) -> dict[str, str]:

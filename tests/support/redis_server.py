@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.support.gateway import free_port
 
@@ -25,6 +27,7 @@ class RedisProcess:
     folder: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    pauses: list[threading.Thread] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -52,6 +55,11 @@ class RedisProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+        # A pause outlives neither the server nor the test that made it: left running, its
+        # thread would retry against the dead server while later tests count allocations.
+        for thread in self.pauses:
+            thread.join(10)
+        self.pauses.clear()
 
     def freeze(self) -> None:
         """SIGSTOP: the server holds every connection open and answers nothing."""
@@ -64,10 +72,18 @@ class RedisProcess:
 
     def pause(self, seconds: float) -> None:
         """Block the server for `seconds` (DEBUG SLEEP), without waiting for it here."""
-        client = redis.Redis(port=self.port, socket_timeout=seconds + 5)
-        threading.Thread(
-            target=client.execute_command, args=("DEBUG", "SLEEP", str(seconds)), daemon=True
-        ).start()
+        client = redis.Redis(
+            port=self.port, socket_timeout=seconds + 5, retry=Retry(NoBackoff(), 0)
+        )
+
+        def sleep() -> None:
+            with contextlib.suppress(redis.RedisError):
+                client.execute_command("DEBUG", "SLEEP", str(seconds))
+            client.close()
+
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        self.pauses.append(thread)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from sluicegate.wire.completion import ChoiceState, Collector, Completion
 from sluicegate.wire.formats import chat_format
 from tests.support.clock import Clock
 from tests.support.fakes import fake_completion
+from tests.support.memory import traced_alone
 
 
 def kept(near: NearCache, key: str, clock: Clock, ttl: float = 60.0) -> NearEntry:
@@ -120,26 +121,28 @@ def test_the_size_counted_is_at_least_the_memory_held() -> None:
     for completion in shapes:
         near, clock = connected(max_bytes=1 << 30, fresh_for=100)
         gc.collect()
-        tracemalloc.start()
-        try:
-            baseline = tracemalloc.get_traced_memory()[0]
-            for i in range(20):
-                # Each entry holds a copy of its own, as a decoded entry would.
-                copy = Collector(range(len(completion.choices)))
-                for delta in completion.deltas():
-                    copy.add(delta)
-                key = f"sluicegate:cache:v1:m:{i:064x}"
-                token = near.begin_fill(key)
-                entry = near.fill(key, token, copy.completion(3), 0.0, clock.now + 60)
-                _, body = BodyTemplate.of(chat_format("m", True), entry.completion, True, True)
-                assert body is not None
-                near.add_body(key, entry, "stream", body)
-            gc.collect()
-            held = tracemalloc.get_traced_memory()[0] - baseline
-        finally:
-            tracemalloc.stop()
+        with traced_alone():
+            held = memory_held_by_entries(near, clock, completion)
         assert len(near) == 20
         assert near.size_bytes >= held, (near.size_bytes, held)
+
+
+def memory_held_by_entries(near: NearCache, clock: Clock, completion: Completion) -> int:
+    """Bytes still allocated once 20 entries like `completion`, each a copy of its own as a
+    decoded entry would be, and their rendered bodies are kept in `near`."""
+    baseline = tracemalloc.get_traced_memory()[0]
+    for i in range(20):
+        copy = Collector(range(len(completion.choices)))
+        for delta in completion.deltas():
+            copy.add(delta)
+        key = f"sluicegate:cache:v1:m:{i:064x}"
+        token = near.begin_fill(key)
+        entry = near.fill(key, token, copy.completion(3), 0.0, clock.now + 60)
+        _, body = BodyTemplate.of(chat_format("m", True), entry.completion, True, True)
+        assert body is not None
+        near.add_body(key, entry, "stream", body)
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] - baseline
 
 
 def test_memory_stays_within_the_bound_over_100_000_distinct_keys() -> None:

@@ -23,6 +23,7 @@ from sluicegate.engine.protocol import (
 from sluicegate.inference.service import CompletionService
 from sluicegate.wire.requests import ChatCompletionRequest
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.memory import traced_alone
 
 TOKENS = 2000
 TOP = 20
@@ -81,11 +82,8 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def traced() -> Iterator[None]:
-    tracemalloc.start()
-    try:
+    with traced_alone():
         yield
-    finally:
-        tracemalloc.stop()
 
 
 async def test_a_stream_keeps_nothing_per_token_it_has_sent(traced: None) -> None:
