@@ -74,11 +74,12 @@ $(TOOLS_STAMP):
 	$(TOOLS_VENV)/bin/python -m pip --disable-pip-version-check install -q '$(CHECKOV)'
 	touch $@
 
-# The tiers (docs/testing.md#tiers): the unit tier over WORKERS parallel pytest processes, the
-# integration tier over INTEGRATION_WORKERS (0: in pytest's own process; its engines are
-# CPU-bound and hold about 4 GB each); the time of each is printed at the end. Tests start the
-# Redis servers they use (redis-server only needs to be installed). PYTEST_ARGS go to every
-# tier, e.g. PYTEST_ARGS='-k cache'.
+# The tiers (docs/testing.md#tiers): the unit tier over WORKERS parallel pytest processes; the
+# integration tier in two lanes side by side (the modules that hold the most memory, and the
+# rest), each over INTEGRATION_WORKERS (0: in the lane's own process; engines are CPU-bound and
+# hold about 4 GB each); the time of each is printed at the end. Tests start the Redis servers
+# they use (redis-server only needs to be installed). PYTEST_ARGS go to every tier, e.g.
+# PYTEST_ARGS='-k cache'.
 WORKERS ?= 2
 INTEGRATION_WORKERS ?= 0
 PYTEST_ARGS ?=

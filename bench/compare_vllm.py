@@ -11,6 +11,11 @@ sluicegate / vLLM.
 
     .venv/bin/python bench/compare_vllm.py                  # 1, 16 and 64 concurrent
     .venv/bin/python bench/compare_vllm.py --rounds 4       # pooled over four rounds
+    .venv/bin/python bench/compare_vllm.py --lora           # to a LoRA adapter, on both
+
+With `--lora`, a rank-8 adapter made here with peft (`tests/support/adapters.py`) is loaded
+by both servers at start-up (vLLM's `--lora-modules`, sluicegate's `LORA_MODULES`), and every
+request names it.
 
 Absolute numbers drift between machines and runs; the ratios are the result.
 """
@@ -58,20 +63,23 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 
 
 def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -> list[str]:
+    lora = f"{ADAPTER}={args.adapter_path}" if args.adapter_path else None
     if kind == "vllm":
+        adapter = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", lora] if lora else []
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model, "--served-model-name", args.name,
             "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
-            *engine_flags(args),
+            *engine_flags(args), *adapter,
         ]  # fmt: skip
+    adapter = ["--max-lora-rank", "8", "--lora-modules", lora] if lora else []
     return [
         sys.executable, "-m", "sluicegate", "serve",
         "--model", model, "--served-model-name", args.name,
         "--port", str(port), "--max-model-len", str(args.max_model_len),
         "--dtype", "float32", "--enforce-eager",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-        "--enable-prefix-caching",
+        "--enable-prefix-caching", *adapter,
     ]  # fmt: skip
 
 
@@ -180,7 +188,8 @@ def drive(
     num_prompts = num_prompts or max(args.min_prompts, concurrency * args.prompts_per_slot)
     bench_args = parser.parse_args([
         "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
-        "--base-url", f"http://127.0.0.1:{port}", "--model", args.name, "--tokenizer", model,
+        "--base-url", f"http://127.0.0.1:{port}", "--model", requested_model(args),
+        "--tokenizer", model,
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--ignore-eos",
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
@@ -199,6 +208,13 @@ def drive(
 
 
 T = TypeVar("T")
+ADAPTER = "bench-lora"
+"""The adapter's name on both servers, with `--lora`."""
+
+
+def requested_model(args: argparse.Namespace) -> str:
+    """What the requests name: the adapter with `--lora`, else the model."""
+    return ADAPTER if args.adapter_path else str(args.name)
 
 
 def probed_run(
@@ -424,15 +440,27 @@ def parse_args(
     parser.add_argument(
         "--temperature", type=float, help="sent with every request (default: none is sent)"
     )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="both servers load a LoRA adapter made here, and every request names it",
+    )
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.adapter_path = None
+    if args.lora:
+        sys.path.insert(0, str(ROOT))
+        from tests.support.adapters import make_adapters
+
+        made = make_adapters(RESULTS / "adapters", {ADAPTER: 0})
+        args.adapter_path = str(made[ADAPTER])
     if args.model is None:
         from sluicegate.engine.model import bundled_model_dir
         from sluicegate.settings import Settings
 
         args.model = str(bundled_model_dir(Settings().model_cache_dir))
-    RESULTS.mkdir(parents=True, exist_ok=True)
     return args
 
 
@@ -441,8 +469,10 @@ def main() -> None:
 
     results = run_turns(args.model, args)
     shape = f"{args.input_len} tokens in / {args.output_len} out"
+    if args.lora:
+        shape += f"; every request to the LoRA adapter {ADAPTER} (rank 8)"
     publish(
-        "compare",
+        "compare-lora" if args.lora else "compare",
         f"Machine: {machine()}; rounds: {args.rounds}; {shape}",
         results,
         "\n\n".join(

@@ -11,7 +11,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
@@ -19,9 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware import Middleware
 
 from sluicegate import __version__, wiring
-from sluicegate.api import completions, health, models, responses, tokenize
+from sluicegate.api import adapters, completions, health, models, responses, tokenize
 from sluicegate.api.playground import playground_mount
-from sluicegate.engine.protocol import EngineClient
 from sluicegate.http.admission import AdmissionMiddleware, ConnectionLimitMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
@@ -29,10 +28,8 @@ from sluicegate.http.cache_hits import CacheHitMiddleware
 from sluicegate.http.cors import cors_middleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.http.request_id import RequestIdMiddleware
-from sluicegate.http.state import AppState
+from sluicegate.http.state import Access, AppState
 from sluicegate.http.telemetry import TelemetryMiddleware
-from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
-from sluicegate.inference.service import CompletionService
 from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.observability.loop_lag import watch_loop_lag
@@ -43,16 +40,17 @@ from sluicegate.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-EngineFactory = Callable[[Settings], Awaitable[EngineClient]]
-
 
 def create_app(
     settings: Settings,
-    engine_factory: EngineFactory = wiring.start_engine,
+    engine_factory: wiring.LocalFactory = wiring.start_local_engine,
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
+    pool_factory: wiring.PoolFactory = wiring.start_pool,
 ) -> FastAPI:
-    """The app. `lifecycle` is shared with the server that drains it; tests may omit it.
+    """The app. `engine_factory` starts the in-process engine and `pool_factory` each pool of
+    upstreams, for the models that need them (tests hand in fakes). `lifecycle` is shared
+    with the server that drains it; tests may omit it.
 
     Traces go to `tracer_provider` when given, else where the `OTEL_*` environment says
     (nowhere when it says nothing)."""
@@ -71,25 +69,27 @@ def create_app(
             quotas = await wiring.open_quotas(settings, client)
             stack.push_async_callback(quotas.limiter.close)
             started = time.monotonic()
-            engine = await engine_factory(settings)
-            stack.push_async_callback(engine.shutdown)
-            if wiring.watches_engine(settings):
+            models = await wiring.open_models(settings, stack, engine_factory, pool_factory)
+            if models.local is not None and wiring.watches_engine(settings):
                 # Stopped before the engine shuts down, which it would take for a death.
-                watcher = asyncio.create_task(lifecycle.watch_engine(engine.check_health))
+                watcher = asyncio.create_task(
+                    lifecycle.watch_engine(models.local.engine.check_health)
+                )
                 stack.callback(watcher.cancel)
-            cache = await wiring.open_cache(settings, client, engine)
+            cache = await wiring.open_cache(settings, client)
             stack.push_async_callback(cache.close)
-            model_name, model_root = wiring.served_model(settings, engine)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
             gc.collect()
             gc.freeze()
             logger.info(
-                "engine ready in %.1f s: serving %s (max_model_len=%d)",
+                "ready in %.1f s: serving %s",
                 time.monotonic() - started,
-                model_name,
-                engine.max_model_len,
+                ", ".join(
+                    f"{m.name} (max_model_len={m.engine.max_model_len})"
+                    for m in map(models.resolve, models.names())
+                ),
             )
             lag_watch = asyncio.create_task(watch_loop_lag())
             stack.callback(lag_watch.cancel)
@@ -97,36 +97,29 @@ def create_app(
                 settings.max_large_body_parses, settings.max_large_body_parses_per_key
             )
             stack.callback(processes.shutdown)
-            service = CompletionService(
-                engine,
-                model_name,
-                wiring.request_limits(settings),
-                wiring.budget_policy(settings),
-                wiring.structured_limits(settings),
-                PrefillQueue(QueueConfig(objective=settings.ttft_objective)),
-                wiring.load_limits(settings, engine),
-            )
             state = AppState(
-                engine=engine,
-                service=service,
+                models=models,
                 cache=cache,
                 quotas=quotas,
                 responses=wiring.open_response_store(settings, client),
                 lifecycle=lifecycle,
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
-                model_name=model_name,
-                model_root=model_root,
-                started_at=int(time.time()),
+                access=Access(
+                    keys=settings.api_keys is not None,
+                    admin_keys=settings.admin_api_keys is not None,
+                ),
+                allow_runtime_lora=settings.allow_runtime_lora,
             )
             yield state.lifespan_state()
-            logger.info("shutting down the engine")
+            logger.info("shutting down the engines")
 
     router = APIRouter()
     for routes in (
         completions.router,
         responses.router,
         models.router,
+        adapters.router,
         tokenize.router,
         health.router,
     ):
@@ -161,19 +154,25 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
         # X-Request-Id.
         Middleware(RequestIdMiddleware),
         # Outside the API key and admission checks, so their refusals are counted and logged.
-        Middleware(TelemetryMiddleware, model=settings.model_name),
+        Middleware(TelemetryMiddleware),
         # Before anything costs work: a connection past MAX_CONNECTIONS is refused here.
         Middleware(ConnectionLimitMiddleware),
     ]
-    if settings.api_keys is not None:
+    keys, admin = settings.api_keys, settings.admin_api_keys
+    if keys is not None or admin is not None:
         open_paths = PROBE_PATHS - (METRICS_PATHS if settings.metrics_require_auth else set())
         stack.append(
             Middleware(
                 ApiKeyMiddleware,
-                keyring=ApiKeyring.parse(settings.api_keys.get_secret_value()),
+                keyring=ApiKeyring.of(
+                    None if keys is None else keys.get_secret_value(),
+                    None if admin is None else admin.get_secret_value(),
+                ),
                 open_paths=open_paths,
                 # The page loads without a key; its API calls send the one typed into it.
                 open_prefixes=(PLAYGROUND_PATH,) if settings.playground_enabled else (),
+                # Admin keys alone guard the admin endpoints only (`api.deps.AdminDep`).
+                required=keys is not None,
             )
         )
     stack += [

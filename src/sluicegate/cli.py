@@ -12,11 +12,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from sluicegate.settings import ENV_PREFIX, Settings, describe_error
+
+if TYPE_CHECKING:
+    from sluicegate.models.config import ModelEntry
 
 logger = logging.getLogger("sluicegate")
 
@@ -75,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.observability.logs import configure_logging
     from sluicegate.server import serve
+    from sluicegate.wiring import uses_local_engine
 
     settings = load_settings(overrides)
     configure_logging(settings.log_level, settings.log_format)
@@ -82,21 +86,32 @@ def _serve(overrides: dict[str, Any]) -> int:
         # A local model needs no hub; without this, hub look-ups stall on closed networks.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        if settings.upstreams:
-            _check_upstream_install(settings)
-        else:
+        entries = _model_entries(settings)
+        if uses_local_engine(entries):
             _prepare_engine_model(settings)
+        _check_upstream_install(settings, entries)
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
     return serve(settings)
 
 
+def _model_entries(settings: Settings) -> list[ModelEntry]:
+    """What the gateway will serve, read (and the models file checked) before anything
+    starts: a bad registry stops start-up with one line naming the entry."""
+    from sluicegate.wiring import ModelsError, model_entries
+
+    try:
+        return model_entries(settings)
+    except ModelsError as exc:
+        raise ServeError(str(exc)) from None
+
+
 def hub_offline(settings: Settings) -> bool:
-    """Whether `serve` keeps Hugging Face's hub offline: only when the in-process engine
-    serves a local model (the bundled one, or a folder). Upstream mode loads no model, and
-    its `TOKENIZER` may be a hub id (`HF_HUB_OFFLINE=1` from the environment still holds)."""
-    if settings.upstreams:
+    """Whether `serve` keeps Hugging Face's hub offline: only when the in-process engine alone
+    serves, a local model (the bundled one, or a folder). Upstreams load no model, and their
+    tokenizers may be hub ids (`HF_HUB_OFFLINE=1` from the environment still holds)."""
+    if settings.upstreams or settings.models_file is not None:
         return False
     return settings.model is None or Path(settings.model).expanduser().exists()
 
@@ -105,13 +120,16 @@ class ServeError(Exception):
     """`serve` cannot start; the message is one line meant for the operator."""
 
 
-def _check_upstream_install(settings: Settings) -> None:
-    """Upstream mode needs no engine; a local or hub tokenizer needs the `tokenizer` extra."""
-    if settings.tokenizer is not None and not _installed("transformers", "jinja2"):
+def _check_upstream_install(settings: Settings, entries: list[ModelEntry]) -> None:
+    """Upstreams need no engine; a local or hub tokenizer needs the `tokenizer` extra."""
+    wants = [e.name for e in entries if e.tokenizer is not None]
+    if settings.upstreams and settings.tokenizer is not None:
+        wants.append("SLUICEGATE_TOKENIZER")
+    if wants and not _installed("transformers", "jinja2"):
         raise ServeError(
-            "SLUICEGATE_TOKENIZER needs transformers and jinja2, which are not installed: "
-            "pip install 'sluicegate[tokenizer]' (or unset it to count with the "
-            "upstream's /tokenize)"
+            f"a tokenizer ({', '.join(wants)}) needs transformers and jinja2, which are not "
+            "installed: pip install 'sluicegate[tokenizer]' (or leave it unset to count with "
+            "the upstream's /tokenize)"
         )
 
 

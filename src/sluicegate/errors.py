@@ -4,6 +4,7 @@
     ├── InvalidRequestError           400 invalid_request_error
     │   └── ContextLengthExceededError    code=context_length_exceeded
     ├── AuthenticationError           401 invalid_request_error   code=invalid_api_key
+    ├── PermissionDeniedError         403 invalid_request_error   code=permission_denied
     ├── NotFoundError                 404 invalid_request_error
     │   └── ModelNotFoundError            code=model_not_found
     ├── MethodNotAllowedError         405 invalid_request_error
@@ -12,6 +13,7 @@
     ├── UnprocessableError            422 invalid_request_error   (an upstream's refusal)
     ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
     ├── RateLimitError                429 rate_limit_error        code=rate_limit_exceeded
+    │   └── KeyRateLimitError             (the API key's own limits: no fallback helps)
     ├── BadGatewayError               502 upstream_error          code=upstream_error
     ├── EngineUnavailableError        503 service_unavailable_error
     │   ├── OverloadedError               code=overloaded
@@ -72,6 +74,13 @@ class AuthenticationError(GatewayError):
     default_message = "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."
 
 
+class PermissionDeniedError(GatewayError):
+    status_code = 403
+    error_type = "invalid_request_error"
+    default_code = "permission_denied"
+    default_message = "This API key may not call this endpoint."
+
+
 class NotFoundError(GatewayError):
     status_code = 404
     error_type = "invalid_request_error"
@@ -121,6 +130,10 @@ class RateLimitError(GatewayError):
     default_code = "rate_limit_exceeded"
 
 
+class KeyRateLimitError(RateLimitError):
+    """The API key's own limits refused: another model would refuse it as well."""
+
+
 class BadGatewayError(GatewayError):
     """An upstream server failed (upstream mode), and no retry was left or allowed."""
 
@@ -162,6 +175,7 @@ class DeadlineExceededError(GatewayError):
 STATUS_ERRORS: dict[int, type[GatewayError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
+    403: PermissionDeniedError,
     404: NotFoundError,
     405: MethodNotAllowedError,
     408: RequestTimeoutError,

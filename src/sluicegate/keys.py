@@ -35,8 +35,26 @@ def key_id(digest: bytes) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request's key says it comes from."""
+
+    key_id: str
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKeyring:
     digests: tuple[bytes, ...]
+    admin: frozenset[bytes] = frozenset()
+    """The digests of admin keys (`SLUICEGATE_ADMIN_API_KEYS`), which are in `digests` too."""
+
+    @classmethod
+    def of(cls, keys: str | None, admin_keys: str | None) -> ApiKeyring:
+        """The API keys and the admin keys (each given as `parse` takes them), on one ring."""
+        ring = cls.parse(keys) if keys else cls(())
+        admin = cls.parse(admin_keys).digests if admin_keys else ()
+        digests = ring.digests + tuple(d for d in admin if d not in ring.digests)
+        return cls(digests, frozenset(admin))
 
     @classmethod
     def parse(cls, value: str) -> ApiKeyring:
@@ -61,6 +79,11 @@ class ApiKeyring:
 
     def identify(self, token: str) -> str | None:
         """The public id of the key `token`, or None if it is not one of ours."""
+        caller = self.caller(token)
+        return None if caller is None else caller.key_id
+
+    def caller(self, token: str) -> Caller | None:
+        """Who the key `token` is, or None if it is not one of ours."""
         if not token:  # no key given: whatever the ring holds, it is not a match
             return None
         presented = hashlib.sha256(token.encode()).digest()
@@ -68,7 +91,9 @@ class ApiKeyring:
         for digest in self.digests:
             if hmac.compare_digest(presented, digest):
                 found = digest
-        return None if found is None else key_id(found)
+        if found is None:
+            return None
+        return Caller(key_id(found), found in self.admin)
 
 
 def _digest(entry: str) -> bytes:

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluicegate.cache.key import CachePolicy
+from sluicegate.engine.lora import VLLM_LORA_RANKS, parse_lora_modules
 from sluicegate.engine.model import DEFAULT_MODEL_NAME
 from sluicegate.keys import ApiKeyring
 from sluicegate.observability.logs import LogFormat
@@ -33,7 +34,9 @@ from sluicegate.wire.requests import MAX_MESSAGES, MAX_N, MAX_PROMPTS, Overflow,
 
 # Settings whose values must never be echoed, not even in an error message.
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
-SECRET_SETTINGS = frozenset({"api_keys", "redis_url", "rate_limit_redis_url", "upstream_api_key"})
+SECRET_SETTINGS = frozenset(
+    {"api_keys", "admin_api_keys", "redis_url", "rate_limit_redis_url", "upstream_api_key"}
+)
 ENV_PREFIX = "SLUICEGATE_"
 
 
@@ -96,6 +99,38 @@ class Settings(BaseSettings):
         description="vLLM tool parser that reads tool calls in the model's text for "
         "`tool_choice` auto (`hermes`, `llama3_json`, `pythonic`, ...), or `none`. Unset: "
         "`hermes` for the bundled model, none otherwise (auto then answers with text).",
+    )
+
+    # --- models and adapters ----------------------------------------------------------
+    models_file: FilePath | None = Field(
+        default=None,
+        description="A YAML model registry: names, aliases, pools of upstreams, fallbacks, "
+        "per-model limits (docs/models.md). Set: no in-process engine unless an entry has "
+        "`engine: local`.",
+    )
+    lora_modules: str = Field(
+        default="",
+        description="LoRA adapters loaded at start-up, as vLLM's `--lora-modules` takes them: "
+        "`name=path` pairs separated by commas, or a JSON list of objects with `name`, `path` "
+        "and optionally `base_model_name`. Given: LoRA on.",
+    )
+    allow_runtime_lora: bool = Field(
+        default=False,
+        description="Answer `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (admin "
+        "keys only when API keys are set). True: LoRA on, even with no adapter at start-up.",
+    )
+    max_loras: int = Field(
+        default=1, ge=1, description="LoRA adapters one engine batch may hold at once."
+    )
+    max_lora_rank: int = Field(
+        default=16,
+        description="The highest LoRA rank the engine accepts: 1, 8, 16, 32, 64, 128, 256, "
+        "320 or 512 (vLLM's choices).",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        description="LoRA adapters kept loaded in memory, at least MAX_LORAS. Unset: MAX_LORAS.",
     )
 
     # --- upstream mode ---------------------------------------------------------------
@@ -199,6 +234,12 @@ class Settings(BaseSettings):
         description="Health probes in a row that must fail before an upstream is taken out "
         "(one success puts it back): a busy server answering one probe late stays in.",
     )
+    upstream_start_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds start-up waits for a pool's upstreams to list their models "
+        "(GET /v1/models); none answering by then stops start-up.",
+    )
     upstream_prefix_affinity: bool = Field(
         default=False,
         description="Send prompts that start alike to the same upstream (its prefix cache), "
@@ -267,6 +308,12 @@ class Settings(BaseSettings):
         default=None,
         description="Comma-separated keys, or @file with one per line; `sha256:<hex>` entries "
         "give a key by its digest. Unset: no authentication.",
+    )
+    admin_api_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys of operators, given as API_KEYS are: they may also call the admin "
+        "endpoints (loading adapters); each is a valid API key too. Unset: with API keys, no "
+        "key may call them.",
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
@@ -668,7 +715,20 @@ class Settings(BaseSettings):
         "raise it on large hosts.",
     )
 
-    @field_validator("api_keys")
+    @field_validator("lora_modules")
+    @classmethod
+    def _lora_parse(cls, value: str) -> str:
+        parse_lora_modules(value)  # raises AdapterError (a ValueError)
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return value
+
+    @field_validator("api_keys", "admin_api_keys")
     @classmethod
     def _keys_parse(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
@@ -725,6 +785,11 @@ class Settings(BaseSettings):
                 "responses_max_bytes_per_key must be at least responses_max_entry_bytes "
                 f"({self.responses_max_bytes_per_key} < {self.responses_max_entry_bytes})"
             )
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras must be at least max_loras ({self.max_cpu_loras} < "
+                f"{self.max_loras})"
+            )
         if self.budget_min_completion_tokens >= self.max_model_len:
             raise ValueError(
                 "budget_min_completion_tokens must be below max_model_len "
@@ -740,6 +805,10 @@ class Settings(BaseSettings):
         if not weights:
             return [(u, 1.0) for u in urls]
         return list(zip(urls, (float(w) for w in weights), strict=True))
+
+    @property
+    def lora_enabled(self) -> bool:
+        return bool(self.lora_modules.strip()) or self.allow_runtime_lora
 
     @property
     def cors_origins(self) -> list[str]:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AsyncExitStack
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
@@ -26,6 +30,7 @@ from sluicegate.conversation.store import (
     ResponseStore,
     StoreConfig,
 )
+from sluicegate.engine.lora import parse_lora_modules
 from sluicegate.engine.model import model_identity, resolve_model, shipped_template
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.engine.upstream.config import (
@@ -36,14 +41,26 @@ from sluicegate.engine.upstream.config import (
     UpstreamConfig,
 )
 from sluicegate.engine.upstream.engine import UpstreamEngine
-from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine
+from sluicegate.engine.vllm_engine import EngineConfig, LoraConfig, VLLMEngine
+from sluicegate.errors import GatewayError
 from sluicegate.http.state import Timeouts
 from sluicegate.inference.budget import BudgetPolicy
 from sluicegate.inference.load_limits import LoadLimits
+from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import RequestLimits
+from sluicegate.inference.service import CompletionService
 from sluicegate.inference.structured import StructuredLimits
+from sluicegate.models.config import (
+    ModelEntry,
+    ModelsFileError,
+    UpstreamEntry,
+    check_entries,
+    parse_models_file,
+)
+from sluicegate.models.registry import LocalEngine, ModelRegistry, ServiceFactory
+from sluicegate.models.served import ServedModel
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
-from sluicegate.quota.quotas import Quotas
+from sluicegate.quota.quotas import ModelQuota, Quotas
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
@@ -167,6 +184,9 @@ def timeouts(settings: Settings) -> Timeouts:
 
 def engine_config(settings: Settings, model: str) -> EngineConfig:
     """The engine's configuration; `model` is the resolved folder or hub id."""
+    lora = None
+    if settings.lora_enabled:
+        lora = LoraConfig(settings.max_loras, settings.max_lora_rank, settings.max_cpu_loras)
     return EngineConfig(
         model=model,
         served_model_name=settings.model_name,
@@ -188,18 +208,30 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         structured_compact_whitespace=settings.structured_compact_whitespace,
         chat_template=chat_template(settings),
         tool_call_parser=tool_call_parser(settings),
+        lora=lora,
     )
 
 
-def upstream_config(settings: Settings) -> UpstreamConfig:
-    """Upstream mode's configuration (`SLUICEGATE_UPSTREAM_*`)."""
-    key = settings.upstream_api_key
+def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> UpstreamConfig:
+    """A pool's configuration: `entry`'s upstreams, key, tokenizer and model from the models
+    file, and everything else from the `SLUICEGATE_UPSTREAM_*` settings, which are the whole
+    of it for `UPSTREAM_URLS` (no entry)."""
+    key = (
+        None if settings.upstream_api_key is None else settings.upstream_api_key.get_secret_value()
+    )
+    urls = tuple(settings.upstreams)
+    tokenizer, model, max_model_len = settings.tokenizer, None, settings.max_model_len
+    if entry is not None:
+        urls = tuple((u.url, u.weight) for u in entry.upstreams)
+        key = None if entry.api_key_env is None else os.environ.get(entry.api_key_env)
+        tokenizer, model = entry.tokenizer, entry.upstream_model
+        max_model_len = entry.max_model_len or settings.max_model_len
     affinity = None
     if settings.upstream_prefix_affinity:
         affinity = AffinityConfig(settings.upstream_affinity_chars, settings.upstream_affinity_load)
     return UpstreamConfig(
-        urls=tuple(settings.upstreams),
-        api_key=None if key is None else key.get_secret_value(),
+        urls=urls,
+        api_key=key,
         pool=PoolConfig(
             max_connections=settings.upstream_max_connections,
             max_keepalive=settings.upstream_max_keepalive_connections,
@@ -228,18 +260,12 @@ def upstream_config(settings: Settings) -> UpstreamConfig:
         health_path=settings.upstream_health_path,
         health_interval=settings.upstream_health_interval,
         health_failures=settings.upstream_health_failures,
-        tokenizer=settings.tokenizer,
-        served_model_name=settings.served_model_name,
-        max_model_len=settings.max_model_len,
+        start_timeout=settings.upstream_start_timeout,
+        tokenizer=tokenizer,
+        served_model_name=settings.served_model_name if entry is None else entry.name,
+        model=model,
+        max_model_len=max_model_len,
     )
-
-
-def served_model(settings: Settings, engine: EngineClient) -> tuple[str, str]:
-    """The name clients use as `model`, and the model behind it (the card's `root`): in
-    upstream mode, what the upstreams serve unless `SERVED_MODEL_NAME` aliases it."""
-    if isinstance(engine, UpstreamEngine):
-        return settings.served_model_name or engine.model, engine.model
-    return settings.model_name, settings.model or settings.model_name
 
 
 def chat_template(settings: Settings) -> str | None:
@@ -357,19 +383,10 @@ async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> No
         )
 
 
-async def open_cache(
-    settings: Settings, client: redis.asyncio.Redis | None, engine: EngineClient
-) -> ResponseCache:
+async def open_cache(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseCache:
     """The response cache on Redis when there is one (shared by replicas), else in memory;
-    with a near cache in front, kept true to Redis by Redis's reports of changes."""
-    name, root = served_model(settings, engine)
-    if isinstance(engine, UpstreamEngine):
-        # The upstreams' own model id: replicas in front of the same fleet share entries.
-        identity = f"upstream:{root}"
-    else:
-        identity = await asyncio.to_thread(
-            model_identity, settings.model, settings.model_cache_dir, settings.revision
-        )
+    with a near cache in front, kept true to Redis by Redis's reports of changes. Each run
+    says which model, and which weights, its key is for (`Run.model`, `Run.identity`)."""
     store: CacheStore = (
         MemoryStore(settings.cache_memory_max_bytes)
         if client is None
@@ -389,7 +406,7 @@ async def open_cache(
         coherence = listener
     config = cache_config(settings)
     ttl = TtlPolicy(ttl_rule(settings))
-    return ResponseCache(store, ttl, config, name, identity, near, coherence)
+    return ResponseCache(store, ttl, config, near, coherence)
 
 
 def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) -> ResponseStore:
@@ -410,16 +427,184 @@ def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) 
     )
 
 
-async def start_engine(settings: Settings) -> EngineClient:
-    """The default `engine_factory` of `create_app`: the upstreams when `UPSTREAM_URLS` is
-    set, else the in-process vLLM engine."""
+# ---- the model registry ----------------------------------------------------------------
+
+LocalFactory = Callable[[Settings], Awaitable[EngineClient]]
+"""Starts the in-process engine (tests hand in a fake one)."""
+PoolFactory = Callable[[UpstreamConfig], Awaitable[EngineClient]]
+"""Starts a pool of upstreams (tests hand in fakes)."""
+
+
+class ModelsError(Exception):
+    """The models the settings describe cannot be served; one line for the operator."""
+
+
+def model_entries(settings: Settings) -> list[ModelEntry]:
+    """What the registry serves: the models file's entries, else one model: the upstreams of
+    `UPSTREAM_URLS` (named by `SERVED_MODEL_NAME`, or by what they serve), else the
+    in-process engine. Reads the file: call it off the event loop once serving."""
+    adapters = [m.name for m in parse_lora_modules(settings.lora_modules)]
+    if settings.models_file is not None:
+        path = settings.models_file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ModelsError(f"cannot read the models file {path}: {exc.strerror}") from None
+        try:
+            entries = parse_models_file(text, str(path))
+            check_entries(entries, str(path), reserved=adapters)
+        except ModelsFileError as exc:
+            raise ModelsError(str(exc)) from None
+        if adapters and not any(e.is_local for e in entries):
+            raise ModelsError(
+                f"LORA_MODULES loads adapters into the in-process engine, which {path} does "
+                "not start (no entry with `engine: local`)"
+            )
+        return entries
     if settings.upstreams:
-        return await UpstreamEngine.start(upstream_config(settings))
+        if adapters:
+            raise ModelsError("LORA_MODULES needs the in-process engine; UPSTREAM_URLS is set")
+        # Named once its upstreams say what they serve, unless SERVED_MODEL_NAME names it.
+        upstreams = [UpstreamEntry(url=u, weight=w) for u, w in settings.upstreams]
+        return [ModelEntry.model_construct(name="", upstreams=upstreams, aliases=[], fallbacks=[])]
+    entries = [ModelEntry(name=settings.model_name, engine="local")]
+    if settings.model_name in adapters:
+        raise ModelsError(f"the adapter {settings.model_name!r} has the engine's own name")
+    return entries
+
+
+def uses_local_engine(entries: list[ModelEntry]) -> bool:
+    return any(entry.is_local for entry in entries)
+
+
+async def start_local_engine(settings: Settings) -> EngineClient:
+    """The default local factory of `create_app`: the in-process vLLM engine."""
     model = resolve_model(settings.model, settings.model_cache_dir)
     return await VLLMEngine.start(engine_config(settings, model))
 
 
+async def start_pool(config: UpstreamConfig) -> EngineClient:
+    """The default pool factory of `create_app`: the upstreams of one model."""
+    return await UpstreamEngine.start(config)
+
+
+async def open_models(
+    settings: Settings,
+    stack: AsyncExitStack,
+    local_factory: LocalFactory = start_local_engine,
+    pool_factory: PoolFactory = start_pool,
+) -> ModelRegistry:
+    """Start every engine the models need (at once), register their shutdowns on `stack`,
+    load the start-up adapters, and build the registry."""
+    entries = await asyncio.to_thread(model_entries, settings)
+    local_entry = next((e for e in entries if e.is_local), None)
+    engines: dict[int, EngineClient] = {}
+
+    async def start(index: int, entry: ModelEntry) -> None:
+        if entry.is_local:
+            named = settings.model_copy(update={"served_model_name": entry.name})
+            engine = await local_factory(named)
+        else:
+            engine = await pool_factory(upstream_config(settings, entry))
+        stack.push_async_callback(engine.shutdown)
+        engines[index] = engine
+
+    async with asyncio.TaskGroup() as group:
+        for index, entry in enumerate(entries):
+            group.create_task(start(index, entry))
+    factory = service_factory(settings)
+    now = int(time.time())
+    models: list[ServedModel] = []
+    pools: list[tuple[ServedModel, Callable[[], Iterable[str]]]] = []
+    local: LocalEngine | None = None
+    for index, entry in enumerate(entries):
+        engine = engines[index]
+        if entry.is_local:
+            name = entry.name
+            identity = await asyncio.to_thread(
+                model_identity, settings.model, settings.model_cache_dir, settings.revision
+            )
+            root = settings.model or settings.model_name
+        else:
+            upstream_model = getattr(engine, "model", entry.name)
+            name = entry.name or settings.served_model_name or upstream_model
+            # The upstreams' own model id: replicas in front of the same fleet share entries.
+            identity, root = f"upstream:{upstream_model}", upstream_model
+        served = ServedModel(
+            name=name,
+            service=factory(engine, name, identity, None),
+            root=root,
+            created=now,
+            fallbacks=tuple(entry.fallbacks),
+            quota=_model_quota(name, entry),
+            local=entry.is_local,
+        )
+        models.append(served)
+        if entry.is_local:
+            local = LocalEngine(name, engine, getattr(engine, "adapters", None), identity)
+        elif isinstance(engine, UpstreamEngine):
+            pools.append((served, engine.listed_adapters))
+    aliases = {alias: e.name for e in entries for alias in e.aliases}
+    registry = ModelRegistry(models, aliases, factory, local, pools)
+    await _load_started_adapters(settings, registry, local_entry)
+    return registry
+
+
+def _model_quota(name: str, entry: ModelEntry) -> ModelQuota | None:
+    limit = entry.rate_limit
+    if limit is None or (limit.requests_per_minute is None and limit.tokens_per_minute is None):
+        return None
+    return ModelQuota(name, RateLimit(limit.requests_per_minute, limit.tokens_per_minute))
+
+
+async def _load_started_adapters(
+    settings: Settings, registry: ModelRegistry, local_entry: ModelEntry | None
+) -> None:
+    """`LORA_MODULES`, loaded into the in-process engine before it serves: one that cannot be
+    stops start-up, saying why."""
+    for module in parse_lora_modules(settings.lora_modules):
+        base = local_entry.name if local_entry is not None else settings.model_name
+        if module.base_model_name not in (None, base):
+            raise ModelsError(
+                f"the adapter {module.name!r} is for the base model "
+                f"{module.base_model_name!r}; the in-process engine serves {base!r}"
+            )
+        try:
+            await registry.load_adapter(module.name, module.path)
+        except GatewayError as exc:
+            raise ModelsError(
+                f"the adapter {module.name!r} cannot be loaded: {exc.message}"
+            ) from None
+
+
+def service_factory(settings: Settings) -> ServiceFactory:
+    """Builds each served model's service. The admission state that models an engine's queue
+    and load (`PrefillQueue`, `LoadLimits`) is one per engine, shared by its models."""
+    per_engine: dict[int, tuple[PrefillQueue, LoadLimits]] = {}
+
+    def build(
+        engine: EngineClient, name: str, identity: str, adapter: str | None
+    ) -> CompletionService:
+        shared = per_engine.get(id(engine))
+        if shared is None:
+            queue = PrefillQueue(QueueConfig(objective=settings.ttft_objective))
+            shared = per_engine[id(engine)] = (queue, load_limits(settings, engine))
+        return CompletionService(
+            engine,
+            name,
+            request_limits(settings),
+            budget_policy(settings),
+            structured_limits(settings),
+            shared[0],
+            shared[1],
+            identity=identity,
+            adapter=adapter,
+        )
+
+    return build
+
+
 def watches_engine(settings: Settings) -> bool:
-    """Whether the gateway exits when its engine dies. Upstreams come and go on their own:
-    `/ready` says when none is healthy, and the gateway keeps running."""
-    return settings.exit_on_engine_death and not settings.upstreams
+    """Whether the gateway exits when its in-process engine dies. Upstreams come and go on
+    their own: `/ready` says when none is healthy, and the gateway keeps running."""
+    return settings.exit_on_engine_death

@@ -8,8 +8,6 @@ the token budget, the cache and the rate limits work as over the in-process engi
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,17 +16,14 @@ import pytest
 from openai import OpenAI
 
 import sluicegate.engine
-from sluicegate.engine.model import bundled_model_dir
-from sluicegate.settings import Settings
-from tests.support.gateway import (
-    GatewayProcess,
-    engine_core,
-    free_port,
-    peer_process,
-    running_gateway,
-)
+from tests.support.fault_upstream import FaultUpstreamProcess
+from tests.support.fault_upstream import start as start_fault_upstream
+from tests.support.gateway import GatewayProcess, free_port, running_gateway, started_together
+from tests.support.gateway import vllm_server as vllm_server_of
+from tests.support.metrics import scrape, total
 
 MODEL = "SmolLM2-135M-Instruct"
+SECOND = "smol-b"
 TEMPLATE = Path(sluicegate.engine.__file__).parent / "templates" / "smollm2_tools.jinja"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 # The first test's setup starts vLLM's server, which takes minutes on a busy CPU.
@@ -36,23 +31,21 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **engine_core()}
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(bundled_model_dir(Settings().model_cache_dir)),
-        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-        "--disable-uvicorn-access-log",
-        # The bundled model's tool template and parser, as the gateway ships them.
-        "--chat-template", str(TEMPLATE),
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-    ]  # fmt: skip
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with peer_process(command, f"http://127.0.0.1:{port}/health", log, env):
-        yield f"http://127.0.0.1:{port}/v1"
+def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Both vLLM servers of the module, started at once: the first with the bundled model's
+    tool template and parser, as the gateway ships them; the second under another name."""
+    folder = tmp_path_factory.mktemp("vllm")
+    tools = ("--chat-template", str(TEMPLATE))
+    tools += ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    with started_together(
+        vllm_server_of(folder, *tools), vllm_server_of(folder, served_model_name=SECOND)
+    ) as urls:
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_servers: list[str]) -> str:
+    return vllm_servers[0]
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +178,125 @@ def test_a_context_overflow_is_fitted_by_the_budget(
     )
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+# ---- a registry of pools: two vLLM servers under other names, and a failing pool ---------
+
+
+@pytest.fixture(scope="module")
+def second_vllm(vllm_servers: list[str]) -> str:
+    return vllm_servers[1]
+
+
+@pytest.fixture(scope="module")
+def flaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
+    log = tmp_path_factory.mktemp("flaky") / "flaky.log"
+    upstream = start_fault_upstream(free_port(), "--model", "flaky-model", log=log)
+    try:
+        yield upstream
+    finally:
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(
+    vllm_server: str,
+    second_vllm: str,
+    flaky: FaultUpstreamProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    """One gateway, no engine of its own, over a models file: the first vLLM server under
+    another name with aliases and a model-wide request limit, the second with a model-wide
+    token limit, and a pool on the fault upstream falling back to the second."""
+    folder = tmp_path_factory.mktemp("registry")
+    models = folder / "models.yaml"
+    models.write_text(
+        f"""
+models:
+  - name: smol-a
+    aliases: [default, gpt-4o-mini]
+    upstreams: [{{url: "{vllm_server}"}}]
+    rate_limit: {{requests_per_minute: 4}}
+  - name: {SECOND}
+    upstreams: [{{url: "{second_vllm}"}}]
+    rate_limit: {{tokens_per_minute: 600}}
+  - name: flaky
+    upstreams: [{{url: "{flaky.url}"}}]
+    fallbacks: [{SECOND}]
+"""
+    )
+    env = {
+        "SLUICEGATE_MODELS_FILE": str(models),
+        "SLUICEGATE_UPSTREAM_HEALTH_PATH": "/health",
+        "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "1",
+        "SLUICEGATE_UPSTREAM_BREAKER_OPEN_SECONDS": "60",
+    }
+    with running_gateway(folder, env=env) as process:
+        yield process
+
+
+def chat_on(gateway: GatewayProcess, model: str, **extra: object) -> httpx.Response:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, **extra}
+    headers = {"cache-control": "no-cache"}
+    return httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def test_requests_go_to_the_pool_their_name_or_alias_names(
+    registry: GatewayProcess, vllm_server: str, second_vllm: str
+) -> None:
+    cards = httpx.get(registry.url + "/v1/models", timeout=10).json()["data"]
+    assert {c["id"] for c in cards} == {"smol-a", "default", "gpt-4o-mini", SECOND, "flaky"}
+    # Each server answers as itself; the gateway, with the name of the entry.
+    direct = httpx.post(
+        vllm_server + "/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    ).json()["choices"][0]["message"]["content"]
+    for name in ("smol-a", "gpt-4o-mini"):
+        answer = chat_on(registry, name)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "smol-a"
+        assert answer.json()["choices"][0]["message"]["content"] == direct
+    second = chat_on(registry, SECOND)
+    assert second.json()["model"] == SECOND
+    assert second.json()["choices"][0]["message"]["content"] == direct  # the same weights
+    assert chat_on(registry, "nope").json()["error"]["code"] == "model_not_found"
+
+
+def test_a_pool_that_is_down_falls_back_and_its_breaker_touches_no_other(
+    registry: GatewayProcess, flaky: FaultUpstreamProcess
+) -> None:
+    assert chat_on(registry, "flaky").json()["model"] == "flaky"
+    flaky.control(down=True)
+    try:
+        for _ in range(8):  # enough failures to open the flaky upstream's breaker
+            answer = chat_on(registry, "flaky")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == SECOND
+            assert answer.headers["x-sluicegate-fallback"] == "flaky"
+        samples = scrape(registry.url)
+        breakers = {
+            dict(labels)["upstream"]: value
+            for (name, labels), value in samples.items()
+            if name == "sluicegate_upstream_breaker_state"
+        }
+        assert breakers.pop(flaky.url) == 1  # open
+        assert sorted(breakers.values()) == [0, 0]  # the other pools' upstreams: closed
+        assert chat_on(registry, "smol-a").status_code == 200
+        handed = total(samples, "sluicegate_model_fallbacks_total", model="flaky", fallback=SECOND)
+        assert handed >= 8
+    finally:
+        flaky.control(reset_all=True)
+
+
+def test_each_model_keeps_its_own_limit_in_its_own_unit(registry: GatewayProcess) -> None:
+    """smol-a: 4 requests a minute across every key; smol-b: 600 tokens a minute."""
+    statuses = [chat_on(registry, "default").status_code for _ in range(6)]
+    assert statuses.count(200) <= 4 and statuses[-1] == 429
+    refused = chat_on(registry, "smol-a")
+    assert "on the model smol-a" in refused.json()["error"]["message"]
+    # smol-b's window is in tokens: a request that may use more than 600 never fits it.
+    large = chat_on(registry, SECOND, max_tokens=700)
+    assert large.status_code == 429
+    assert "the model smol-b's limit of 600 tokens" in large.json()["error"]["message"]
+    assert chat_on(registry, SECOND, max_tokens=8).status_code == 200

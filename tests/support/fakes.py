@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +35,7 @@ from sluicegate.engine.protocol import (
     ToolCallParser,
     Tools,
 )
+from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.lifecycle import Lifecycle
@@ -99,6 +102,8 @@ class FakeEngine:
     """Each request's prompt as the engine got it."""
     arrivals: list[float] = field(default_factory=list)
     priorities: list[int] = field(default_factory=list)
+    asked_adapters: list[str | None] = field(default_factory=list)
+    """Each request's `adapter`."""
     active: set[str] = field(default_factory=set)
     tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
     refused_constraint: str | None = None
@@ -116,11 +121,13 @@ class FakeEngine:
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncIterator[EngineStep]:
         self.requests.append((request_id, prompt.ids, options))
         self.prompts.append(prompt)
         self.arrivals.append(arrival_time)
         self.priorities.append(priority)
+        self.asked_adapters.append(adapter)
         if self.fail_before_output is not None:
             raise self.fail_before_output
         self.active.add(request_id)
@@ -192,22 +199,60 @@ def _prompt_logprobs(
 FAKE_MODEL = "fake-model"
 
 
+@dataclass
+class FakeLoraLLM:
+    """Stands in for vLLM's `AsyncLLM` under `engine.vllm_adapters`: records its LoRA calls,
+    and refuses every load with `refuse` as vLLM's message when it is set."""
+
+    refuse: str | None = None
+    added: list[Any] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+    async def add_lora(self, request: Any) -> bool:
+        if self.refuse:
+            raise Exception(self.refuse)  # as vLLM raises it: a bare Exception
+        self.added.append(request)
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return True
+
+
 def fake_app(
     engine: FakeEngine | None = None,
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
+    pools: dict[str, FakeEngine] | None = None,
     **settings: object,
 ) -> FastAPI:
-    """The real app over `engine` (a new FakeEngine by default), serving `fake-model`."""
+    """The real app over `engine` (a new FakeEngine by default), serving `fake-model`.
+
+    `pools`: fake engines in place of pools of upstreams, by the first upstream URL of their
+    entry in the models file (`models_file` in `settings`)."""
     engine = engine or FakeEngine()
 
     async def factory(_: Settings) -> FakeEngine:
         return engine
 
+    async def pool_factory(config: UpstreamConfig) -> FakeEngine:
+        return (pools or {})[config.urls[0][0]]
+
     config = Settings(served_model_name=FAKE_MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
     return create_app(
-        config, engine_factory=factory, lifecycle=lifecycle, tracer_provider=tracer_provider
+        config,
+        engine_factory=factory,
+        lifecycle=lifecycle,
+        tracer_provider=tracer_provider,
+        pool_factory=pool_factory,
     )
+
+
+def models_file(folder: Path, text: str) -> Path:
+    """A models file (YAML) in `folder`."""
+    path = folder / "models.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
 
 
 @contextlib.contextmanager

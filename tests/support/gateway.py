@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -207,3 +209,43 @@ def peer_process(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+@contextlib.contextmanager
+def vllm_server(
+    log_dir: Path, *flags: str, served_model_name: str = MODEL_NAME, port: int | None = None
+) -> Iterator[str]:
+    """vLLM's own OpenAI server on the bundled model (float32, eager, a 2,048-token window, a
+    1 GiB KV cache), with `flags` added, on `port` (a free one by default); yields its base
+    URL (ending in /v1)."""
+    from sluicegate.engine.model import bundled_model_dir
+    from sluicegate.settings import Settings
+
+    port = port or free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **engine_core()}
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(bundled_model_dir(Settings().model_cache_dir)),
+        "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+        "--disable-uvicorn-access-log", *flags,
+    ]  # fmt: skip
+    log = log_dir / f"vllm-{served_model_name}-{port}.log"
+    with peer_process(command, f"http://127.0.0.1:{port}/health", log, env):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def started_together(*managers: contextlib.AbstractContextManager[T]) -> Iterator[list[T]]:
+    """Enter context managers that start servers at once (each in a thread: start-ups are
+    CPU-bound, a pair is ready in about 1.6 times one), and leave them all when the block
+    ends, however it ends."""
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(managers)) as pool:
+        futures = [pool.submit(stack.enter_context, manager) for manager in managers]
+        wait(futures)
+        # Every start has ended (entered or failed), so the stack holds all that started.
+        yield [future.result() for future in futures]

@@ -145,3 +145,62 @@ def test_serve_help_lists_every_setting_and_survives_a_percent_sign(
     text = capsys.readouterr().out
     assert "20% more load" in text  # UPSTREAM_RETRY_BUDGET's description
     assert all(f"--{name.replace('_', '-')}" in text for name in Settings.model_fields)
+
+
+def test_a_bad_models_file_stops_serve_naming_the_entry(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "models:\n  - {name: a, fallbacks: [b], upstreams: [{url: 'http://h/v1'}]}\n"
+        "  - {name: b, fallbacks: [a], upstreams: [{url: 'http://g/v1'}]}\n"
+    )
+    monkeypatch.setenv("SLUICEGATE_MODELS_FILE", str(models))
+    assert main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert f"{models}, model 'a': its fallbacks lead back to it (a -> b -> a)" in err
+    assert served == [] and prepared == []
+
+
+def test_a_models_file_of_pools_prepares_no_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, served: list[Settings], prepared: list[Path]
+) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - {name: a, upstreams: [{url: 'http://h/v1'}]}\n")
+    monkeypatch.setenv("SLUICEGATE_MODELS_FILE", str(models))
+    assert main(["serve"]) == 0
+    assert prepared == [] and len(served) == 1
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_a_models_file_with_the_local_engine_prepares_its_model(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    clean_env: Path,
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "models:\n  - {name: smol, engine: local}\n  - {name: a, upstreams: [{url: 'http://h/v1'}]}\n"
+    )
+    monkeypatch.setenv("SLUICEGATE_MODELS_FILE", str(models))
+    assert main(["serve"]) == 0
+    assert prepared == [clean_env]
+
+
+def test_adapters_without_the_local_engine_stop_serve(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    served: list[Settings],
+    prepared: list[Path],
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("SLUICEGATE_LORA_MODULES", "ad1=/adapters/ad1")
+    assert main(["serve"]) == 1
+    assert "LORA_MODULES needs the in-process engine" in capsys.readouterr().err
+    assert served == []

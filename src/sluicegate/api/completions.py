@@ -1,17 +1,24 @@
 """`POST /v1/chat/completions` and `POST /v1/completions`.
 
-Each route prepares a `Run` (the service: model, limits, template, token budget) and hands
-it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits, the key's
-share of the engine), look up (the response cache), then answer from the cache, or stream or
-collect the output: the engine's, or an identical request's in flight (`cache.flight`).
-Whatever way the exchange ends, it is settled once: the completion tokens produced are
-charged instead of the reservation, and the sequences come free.
+Each route names its request's model; `respond` resolves it in the registry (an alias, an
+adapter), prepares a `Run` on that model's service (limits, template, token budget) and hands
+it to `Exchange.respond`, whose steps read top to bottom: admit (rate limits of the key and of
+the model, the key's share of the engine), look up (the response cache), then answer from
+the cache, or stream or collect the output: the engine's, or an identical request's in flight
+(`cache.flight`). Whatever way the exchange ends, it is settled once: the completion tokens
+produced are charged instead of the reservation, and the sequences come free.
+
+A model that cannot serve the request before its first byte (its engine or upstreams
+unavailable or overloaded, rate limited, or the prompt over its window) hands it to its
+fallbacks, in order (`fallback_reason`); the answer's `model` names the one that answered,
+and `x-sluicegate-fallback` the model first asked. Never after the first byte.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +28,17 @@ from fastapi.responses import JSONResponse, Response
 from sluicegate.api.deps import StateDep
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.cache.response_cache import Lookup
+from sluicegate.errors import (
+    BadGatewayError,
+    ContextLengthExceededError,
+    EngineUnavailableError,
+    GatewayError,
+    KeyRateLimitError,
+    OverloadedError,
+    RateLimitError,
+    ShuttingDownError,
+    StoreUnavailableError,
+)
 from sluicegate.http.asgi import api_key_id, counted
 from sluicegate.http.cache_hits import body_fingerprint, cache_control
 from sluicegate.http.disconnect import until_disconnect
@@ -28,32 +46,113 @@ from sluicegate.http.sse import open_event_stream
 from sluicegate.http.state import AppState
 from sluicegate.inference.run import Run
 from sluicegate.inference.service import DeltaSource
-from sluicegate.observability.record import current_request
+from sluicegate.models.served import ServedModel
+from sluicegate.observability.metrics import MODEL_FALLBACKS
+from sluicegate.observability.record import current_request, mark_model
 from sluicegate.observability.tracing import span
 from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import render_cached, stream_writer
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["completions"], route_class=LargeBodyRoute)
 # Tokenizing the request and fitting it to the context window: the token budget.
 TOKEN_BUDGET_SPAN = "token_budget"
+
+
+FALLBACK_HEADER = "x-sluicegate-fallback"
+"""On an answer a fallback gave: the model the request asked for."""
 
 
 @router.post("/chat/completions", response_model=None)
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: StateDep
 ) -> Response:
-    with span(TOKEN_BUDGET_SPAN):
-        run = await state.service.prepare_chat(body)
-    return await Exchange.start(run, body.stream, request, state).respond()
+    return await respond(body.model, body.stream, request, state, _prepare_chat(body))
 
 
 @router.post("/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request, state: StateDep) -> Response:
-    with span(TOKEN_BUDGET_SPAN):
-        run = await state.service.prepare_completion(body)
-    return await Exchange.start(run, body.stream, request, state).respond()
+    return await respond(body.model, body.stream, request, state, _prepare_completion(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request made ready on one model: its run, and what to tell when it is answered."""
+
+    run: Run
+    answered: Callable[[], Awaitable[None]] | None = None
+
+
+Prepare = Callable[[ServedModel], Awaitable[Prepared]]
+"""Makes the request ready on a model (each model of a fallback chain in turn)."""
+
+
+def _prepare_chat(body: ChatCompletionRequest) -> Prepare:
+    async def prepare(model: ServedModel) -> Prepared:
+        return Prepared(await model.service.prepare_chat(body))
+
+    return prepare
+
+
+def _prepare_completion(body: CompletionRequest) -> Prepare:
+    async def prepare(model: ServedModel) -> Prepared:
+        return Prepared(await model.service.prepare_completion(body))
+
+    return prepare
+
+
+async def respond(
+    model: str, stream: bool, request: Request, state: AppState, prepare: Prepare
+) -> Response:
+    """The request answered by `model` (an alias or adapter resolved), or by its fallbacks
+    in order while each fails before its first byte."""
+    chain = state.models.chain(model)
+    asked = chain[0]
+    for position, served in enumerate(chain):
+        try:
+            mark_model(served.name)
+            with span(TOKEN_BUDGET_SPAN):
+                prepared = await prepare(served)
+            exchange = Exchange.start(
+                prepared.run, stream, request, state, served, answered=prepared.answered
+            )
+            if position:
+                exchange.headers[FALLBACK_HEADER] = asked.name
+            return await exchange.respond()
+        except GatewayError as exc:
+            reason = fallback_reason(exc)
+            if reason is None or position + 1 == len(chain):
+                raise
+            MODEL_FALLBACKS.labels(served.name, chain[position + 1].name, reason).inc()
+            logger.info(
+                "model %s could not serve a request (%s: %s); trying %s",
+                served.name,
+                reason,
+                exc.message,
+                chain[position + 1].name,
+            )
+    raise AssertionError("unreachable: the last model's error is raised")
+
+
+def fallback_reason(exc: GatewayError) -> str | None:
+    """Why a model's failure before any output lets a fallback try, or None when no other
+    model would do better (the request itself is wrong, the key is out of its limits, the
+    gateway is stopping)."""
+    if isinstance(exc, ContextLengthExceededError):
+        return "context_window"
+    if isinstance(exc, ShuttingDownError | StoreUnavailableError | KeyRateLimitError):
+        return None
+    if isinstance(exc, OverloadedError):
+        return "overloaded"
+    if isinstance(exc, EngineUnavailableError):
+        return "unavailable"
+    if isinstance(exc, RateLimitError):
+        return "rate_limited"
+    if isinstance(exc, BadGatewayError):
+        return "upstream_error"
+    return None
 
 
 @dataclass(slots=True)
@@ -64,6 +163,7 @@ class Exchange:
     stream: bool
     request: Request
     state: AppState
+    model: ServedModel
     key_id: str
     deadline: float
     """Event-loop time by which the whole response must be sent (`request_timeout`)."""
@@ -82,11 +182,12 @@ class Exchange:
         stream: bool,
         request: Request,
         state: AppState,
+        model: ServedModel,
         answered: Callable[[], Awaitable[None]] | None = None,
     ) -> Exchange:
         deadline = asyncio.get_running_loop().time() + state.timeouts.request
         key_id = api_key_id(request.scope)
-        return cls(run, stream, request, state, key_id, deadline, answered=answered)
+        return cls(run, stream, request, state, model, key_id, deadline, answered=answered)
 
     async def respond(self) -> Response:
         await self.admit()
@@ -119,6 +220,7 @@ class Exchange:
             param=run.sequences_param,
             priority=run.priority,
             counted=counted(self.request.scope),
+            model=self.model.quota,
         )
         self.headers.update(self.reservation.headers)
         self.run = dataclasses.replace(run, priority=self.reservation.priority, key_id=self.key_id)
@@ -153,7 +255,7 @@ class Exchange:
     def output(self, lookup: Lookup) -> DeltaSource:
         """Where the response's deltas come from: the engine, run for this request alone or
         for every identical one (`lookup.leads`), or an identical request's run."""
-        service, run = self.state.service, self.run
+        service, run = self.model.service, self.run
         flight = lookup.flight
         if flight is None:
             return service.generate(run)
@@ -163,7 +265,7 @@ class Exchange:
         return flight.follow(lambda: service.generate(run), self.stream, self._fell_back)
 
     async def stream_events(self, deltas: DeltaSource) -> Response:
-        events = self.state.service.stream(
+        events = self.model.service.stream(
             self.run, on_finish=self._finish, deltas=deltas, on_end=self._settle
         )
         return await open_event_stream(
@@ -179,7 +281,7 @@ class Exchange:
         try:
             completion = await until_disconnect(
                 self.request.receive,
-                self.state.service.collect(self.run, deltas, on_end=self._settle),
+                self.model.service.collect(self.run, deltas, on_end=self._settle),
                 self._time_left(),
             )
         finally:

@@ -9,9 +9,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from sluicegate.errors import EngineUnavailableError
-from sluicegate.http.asgi import api_key_id
+from sluicegate.errors import AuthenticationError, EngineUnavailableError, PermissionDeniedError
+from sluicegate.http.asgi import api_key_id, is_admin
 from sluicegate.http.state import AppState, app_state
+from sluicegate.keys import ANONYMOUS
 
 
 async def get_state(request: Request) -> AppState:
@@ -28,3 +29,17 @@ async def get_key_id(request: Request) -> str:
 
 StateDep = Annotated[AppState, Depends(get_state)]
 KeyIdDep = Annotated[str, Depends(get_key_id)]
+
+
+async def require_admin(request: Request, state: StateDep) -> None:
+    """The admin endpoints: open without keys; with keys, admin keys only (401 without a
+    valid key, 403 with a key that is not an admin's)."""
+    if not state.access.admin_guarded or is_admin(request.scope):
+        return
+    if api_key_id(request.scope) == ANONYMOUS:
+        raise AuthenticationError(headers={"www-authenticate": "Bearer"})
+    raise PermissionDeniedError("Only admin keys (SLUICEGATE_ADMIN_API_KEYS) may call this.")
+
+
+AdminDep = Depends(require_admin)
+"""For a route's `dependencies`: admin keys only."""

@@ -1,5 +1,10 @@
-"""`GET /health` (the process answers), `GET /ready` (the engine can serve), `GET /metrics`
-(every series) and `GET /metrics/engine` (the engine's scheduling state, for routers)."""
+"""`GET /health` (the process answers), `GET /ready` (the engines can serve), `GET /metrics`
+(every series) and `GET /metrics/engine` (the engine's scheduling state, for routers).
+
+Ready means: not draining, the in-process engine (if there is one) healthy, and at least one
+engine able to serve. A pool whose upstreams are all down does not make the gateway unready
+(its other models still serve, and its fallbacks answer for it); `models` in the body says
+which models can serve now."""
 
 from __future__ import annotations
 
@@ -21,13 +26,30 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready", response_model=None)
 async def ready(state: StateDep) -> JSONResponse:
-    try:
-        if state.lifecycle.draining:
-            raise ShuttingDownError()
-        await state.engine.check_health()
-    except EngineUnavailableError as exc:
-        return JSONResponse({"status": "unavailable", **exc.to_body()}, status_code=503)
-    return JSONResponse({"status": "ready"})
+    registry = state.models
+    if state.lifecycle.draining:
+        return _unavailable(ShuttingDownError())
+    engines = registry.engines()
+    problems: dict[int, EngineUnavailableError] = {}
+    for engine in engines:
+        try:
+            await engine.check_health()
+        except EngineUnavailableError as exc:
+            problems[id(engine)] = exc
+    local = registry.local
+    if local is not None and id(local.engine) in problems:
+        return _unavailable(problems[id(local.engine)])
+    if len(problems) == len(engines):
+        return _unavailable(next(iter(problems.values())))
+    models = {
+        name: "unavailable" if id(registry.resolve(name).engine) in problems else "ready"
+        for name in registry.names()
+    }
+    return JSONResponse({"status": "ready", "models": models})
+
+
+def _unavailable(exc: EngineUnavailableError) -> JSONResponse:
+    return JSONResponse({"status": "unavailable", **exc.to_body()}, status_code=503)
 
 
 @router.get("/metrics", response_model=None)

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from sluicegate.api.completions import TOKEN_BUDGET_SPAN, Exchange
+from sluicegate.api.completions import Prepared, respond
 from sluicegate.api.deps import KeyIdDep, StateDep
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.conversation.fitted import fitted_items
@@ -31,7 +31,7 @@ from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailab
 from sluicegate.http.errors import validation_param
 from sluicegate.http.state import AppState
 from sluicegate.inference.budget import BudgetReport
-from sluicegate.observability.tracing import span
+from sluicegate.models.served import ServedModel
 from sluicegate.wire.requests import ChatCompletionRequest
 from sluicegate.wire.response_body import ResponseEnvelope, identified
 from sluicegate.wire.response_format import ResponsesFormat
@@ -47,26 +47,27 @@ async def create_response(
 ) -> Response:
     history = await _history(state, key_id, body.previous_response_id)
     chat = chat_request(chat_body(body, history))
-    with span(TOKEN_BUDGET_SPAN):
+
+    async def prepare(model: ServedModel) -> Prepared:
         try:
-            run = await state.service.prepare_chat(chat)
+            run = await model.service.prepare_chat(chat)
         except InvalidRequestError as exc:
             exc.param = None if exc.param is None else param_for(exc.param)
             raise
-    conversation = _used(history, body, run.budget)
-    measured = _measured(state, conversation) if body.store else None
-    echo = body.echo()
-    if body.store and measured is None:
-        echo["store"] = False  # the one way to say so that a stream and a body share
-    fmt = ResponsesFormat(run.format, ResponseEnvelope(body.model, echo))
-    run = dataclasses.replace(run, format=fmt)
+        conversation = _used(history, body, run.budget)
+        measured = _measured(state, conversation) if body.store else None
+        echo = body.echo()
+        if body.store and measured is None:
+            echo["store"] = False  # the one way to say so that a stream and a body share
+        fmt = ResponsesFormat(run.format, ResponseEnvelope(model.name, echo))
 
-    async def answered() -> None:
-        if measured is not None and fmt.final is not None:
-            await _keep(state, key_id, StoredResponse(fmt.final, conversation, measured))
+        async def answered() -> None:
+            if measured is not None and fmt.final is not None:
+                await _keep(state, key_id, StoredResponse(fmt.final, conversation, measured))
 
-    exchange = Exchange.start(run, body.stream, request, state, answered=answered)
-    return await exchange.respond()
+        return Prepared(dataclasses.replace(run, format=fmt), answered)
+
+    return await respond(body.model, body.stream, request, state, prepare)
 
 
 @router.get("/responses/{response_id}", response_model=None)

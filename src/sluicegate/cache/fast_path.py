@@ -33,6 +33,11 @@ class HitShape:
     """What answering a request body from the cache takes."""
 
     key: str
+    model: str
+    """The served model the body was routed to: answered here only while that name still
+    serves the same weights (an adapter may have been unloaded, or loaded again from
+    elsewhere, since)."""
+    identity: str
     format: ResponseFormat
     """The run's format; each hit renders through a renewed copy (tool calls included)."""
     stream: bool
@@ -53,7 +58,17 @@ class HitShape:
         fmt = run.format
         # The model is the process's; the rest of such a format is these.
         body_key = (type(fmt), stream, run.include_usage) if fmt.renders_alike() else None
-        return cls(key, fmt, stream, run.include_usage, run.prompt_tokens, budget, body_key)
+        return cls(
+            key,
+            run.model,
+            run.identity,
+            fmt,
+            stream,
+            run.include_usage,
+            run.prompt_tokens,
+            budget,
+            body_key,
+        )
 
 
 class FastPath:

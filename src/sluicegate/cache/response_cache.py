@@ -127,8 +127,6 @@ class ResponseCache:
         store: CacheStore,
         ttl: TtlPolicy,
         config: CacheConfig,
-        model_name: str,
-        model_identity: str,
         near: NearCache | None = None,
         coherence: Coherence | None = None,
     ) -> None:
@@ -137,8 +135,6 @@ class ResponseCache:
         self.store = store
         self.ttl = ttl
         self._config = config
-        self._model_name = model_name
-        self._model_identity = model_identity
         self._flights: dict[str, Flight] = {}
         self._down_until = 0.0
         self._warning = ThrottledWarning(logger)
@@ -170,10 +166,6 @@ class ResponseCache:
         return answer.body, encoded(answer.headers)
 
     @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
     def lock_ttl(self) -> float:
         """Seconds a single-flight lock lives past its last refresh."""
         return self._config.flight_timeout
@@ -193,8 +185,8 @@ class ResponseCache:
         config = self._config
         return cache_key(
             config.prefix,
-            self._model_name,
-            self._model_identity,
+            run.model,
+            run.identity,
             endpoint,
             run.prompts,
             run.options,

@@ -320,13 +320,16 @@ class EngineClient(Protocol):
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
         """Stream the request's outputs. Closing the iterator early aborts the request.
 
         `arrival_time` (wall clock, `time.time()`) is when the gateway began preparing the
         request: the engine's own latency metrics count from it, as behind vLLM's server.
         `priority` orders the engine's queue under priority scheduling (lower runs first).
-        The last step carries `prompt_tokens` as the engine counted them.
+        `adapter` names a LoRA adapter of the engine's base model to run with (an upstream
+        gets it as the model it asks for). The last step carries `prompt_tokens` as the
+        engine counted them.
 
         Raises `errors.EngineUnavailableError` when the engine cannot serve, and
         `errors.InvalidRequestError` when it refuses the input.

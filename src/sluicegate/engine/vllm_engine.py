@@ -14,8 +14,10 @@ import os
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sluicegate.engine.lora import BaseModel
 from sluicegate.engine.protocol import (
     ChoiceDelta,
     EngineLoad,
@@ -30,6 +32,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.tool_parser import VLLMToolCallParser
+from sluicegate.engine.vllm_adapters import LoadedAdapters
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -78,6 +81,19 @@ class EngineConfig:
     """Jinja text replacing the model's chat template."""
     tool_call_parser: str | None = None
     """vLLM's name of the tool parser for `tool_choice` auto."""
+    lora: LoraConfig | None = None
+    """LoRA adapters on (vLLM's `enable_lora`), with these bounds; None: off."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfig:
+    """vLLM's LoRA bounds (`max_loras`, `max_lora_rank`, `max_cpu_loras`)."""
+
+    max_loras: int = 1
+    """Adapters one batch may hold at once."""
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    """Adapters kept loaded in memory (vLLM's default: `max_loras`)."""
 
 
 def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
@@ -117,6 +133,13 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
     }
     if on_gpu:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if config.lora is not None:
+        args.update(
+            enable_lora=True,
+            max_loras=config.lora.max_loras,
+            max_lora_rank=config.lora.max_lora_rank,
+            max_cpu_loras=config.lora.max_cpu_loras,
+        )
     return args
 
 
@@ -130,12 +153,15 @@ class VLLMEngine:
         max_model_len: int,
         tool_parser: ToolCallParser | None = None,
         meter: LoadMeter | None = None,
+        adapters: LoadedAdapters | None = None,
     ):
         self._llm = llm
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
         self._tool_parser = tool_parser
         self._meter = meter
+        self.adapters = adapters
+        """The LoRA adapters loaded, when LoRA is on (`EngineConfig.lora`)."""
 
     @classmethod
     async def start(cls, config: EngineConfig) -> VLLMEngine:
@@ -176,10 +202,15 @@ class VLLMEngine:
             parser = None
             if config.tool_call_parser is not None:
                 parser = VLLMToolCallParser(config.tool_call_parser, hf_tokenizer)
+            adapters = None
+            if config.lora is not None:
+                base = _base_model(config, vllm_config.model_config.hf_config)
+                adapters = LoadedAdapters(llm, config.lora.max_lora_rank, base)
         except BaseException:
             llm.shutdown()
             raise
-        return cls(llm, tokenizer, vllm_config.model_config.max_model_len, parser, meter)
+        max_len = vllm_config.model_config.max_model_len
+        return cls(llm, tokenizer, max_len, parser, meter, adapters)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:
@@ -197,7 +228,7 @@ class VLLMEngine:
     def max_model_len(self) -> int:
         return self._max_model_len
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt: Prompt,
@@ -205,6 +236,38 @@ class VLLMEngine:
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
+    ) -> AsyncGenerator[EngineStep, None]:
+        if adapter is None:
+            return self._generate(request_id, prompt, options, arrival_time, priority, None)
+        return self._generate_with(adapter, request_id, prompt, options, arrival_time, priority)
+
+    async def _generate_with(
+        self,
+        adapter: str,
+        request_id: str,
+        prompt: Prompt,
+        options: SamplingOptions,
+        arrival_time: float,
+        priority: int,
+    ) -> AsyncGenerator[EngineStep, None]:
+        """`_generate` with a LoRA adapter, held for the request's whole run."""
+        if self.adapters is None:
+            raise InvalidRequestError("LoRA adapters are not enabled.", param="model")
+        with self.adapters.using(adapter) as lora:
+            steps = self._generate(request_id, prompt, options, arrival_time, priority, lora)
+            async with contextlib.aclosing(steps):
+                async for step in steps:
+                    yield step
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        options: SamplingOptions,
+        arrival_time: float,
+        priority: int,
+        lora: Any,
     ) -> AsyncGenerator[EngineStep, None]:
         from vllm.exceptions import VLLMValidationError
         from vllm.inputs import tokens_input
@@ -220,7 +283,9 @@ class VLLMEngine:
             given["arrival_time"] = arrival_time
             # `priority` only orders the queue under SCHEDULING_POLICY=priority; it is 0
             # otherwise (see `quota.share`).
-            stream = self._llm.generate(given, params, request_id, priority=priority)
+            stream = self._llm.generate(
+                given, params, request_id, priority=priority, lora_request=lora
+            )
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
             scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
@@ -305,8 +370,19 @@ class VLLMEngine:
             raise EngineUnavailableError() from exc
 
     async def shutdown(self) -> None:
+        if self.adapters is not None:
+            await self.adapters.close()
         self._tokenizer.close()
         self._llm.shutdown()
+
+
+def _base_model(config: EngineConfig, hf_config: Any) -> BaseModel:
+    """What adapters are checked against: the model's names and its layers' sizes."""
+    names = {config.served_model_name, Path(config.model.rstrip("/")).name}
+    named = getattr(hf_config, "_name_or_path", "") or ""
+    if named:
+        names.add(named.rstrip("/").rsplit("/", 1)[-1])
+    return BaseModel.of(names, hf_config.to_dict())
 
 
 def _sampling_params(options: SamplingOptions) -> Any:

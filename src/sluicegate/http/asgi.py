@@ -7,9 +7,10 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope
 
-from sluicegate.keys import ANONYMOUS
+from sluicegate.keys import ANONYMOUS, Caller
 
 _API_KEY_ID = "api_key_id"
+_ADMIN = "api_key_admin"
 _COUNTED = "request_counted"
 BODY_RECEIVED = "sluicegate.body_received"
 """The scope extension `http.connection` sets when a request's whole body had arrived
@@ -34,8 +35,16 @@ def api_key_id(scope: Scope) -> str:
     return state.get(_API_KEY_ID, ANONYMOUS)  # type: ignore[no-any-return]
 
 
-def set_api_key_id(scope: Scope, key_id: str) -> None:
-    scope.setdefault("state", {})[_API_KEY_ID] = key_id
+def set_caller(scope: Scope, caller: Caller) -> None:
+    state = scope.setdefault("state", {})
+    state[_API_KEY_ID] = caller.key_id
+    state[_ADMIN] = caller.admin
+
+
+def is_admin(scope: Scope) -> bool:
+    """Whether the request's key is an admin key (`SLUICEGATE_ADMIN_API_KEYS`)."""
+    state: dict[str, Any] = scope.get("state") or {}
+    return bool(state.get(_ADMIN, False))
 
 
 def mark_counted(scope: Scope) -> None:

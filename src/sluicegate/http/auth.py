@@ -1,13 +1,15 @@
 """The API-key guard: requests without a valid bearer key get a 401 (pure ASGI).
 
-Keys are parsed and matched in `keys`; this module only reads the header and refuses."""
+Keys are parsed and matched in `keys`; this module only reads the header and refuses. With
+admin keys alone (no API keys), no request needs a key: a valid one is still read, so that
+an admin key can call the admin endpoints (`api.deps.AdminDep`)."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.errors import AuthenticationError
-from sluicegate.http.asgi import header, set_api_key_id
+from sluicegate.http.asgi import header, set_caller
 from sluicegate.http.errors import send_error
 from sluicegate.keys import ApiKeyring
 
@@ -26,21 +28,26 @@ class ApiKeyMiddleware:
         keyring: ApiKeyring,
         open_paths: frozenset[str],
         open_prefixes: tuple[str, ...] = (),
+        required: bool = True,
     ):
+        """`required`: every request needs a valid key (API keys are set); else a key is only
+        read, for the admin endpoints."""
         self.app = app
         self.keyring = keyring
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
+        self.required = required
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        key = self.keyring.identify(_bearer_token(scope))
-        if key is None:
+        caller = self.keyring.caller(_bearer_token(scope))
+        if caller is not None:
+            set_caller(scope, caller)
+        elif self.required:
             await send_error(send, AuthenticationError(headers={"www-authenticate": "Bearer"}))
             return
-        set_api_key_id(scope, key)
         await self.app(scope, receive, send)
 
     def _is_open(self, path: str) -> bool:

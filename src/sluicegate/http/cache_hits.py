@@ -23,7 +23,7 @@ from sluicegate.errors import GatewayError
 from sluicegate.http.asgi import api_key_id, header, read_body, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import app_state
-from sluicegate.observability.record import current_request
+from sluicegate.observability.record import current_request, mark_model
 from sluicegate.paths import CACHE_HIT_PATHS
 from sluicegate.quota.quotas import Quotas
 from sluicegate.wire.body_template import encoded
@@ -63,6 +63,8 @@ class CacheHitMiddleware:
         cache, key_id = state.cache, api_key_id(scope)
         fingerprint = cache.fast_path.fingerprint(scope["path"], body, key_id)
         shape = None if fingerprint is None else cache.fast_path.shape(fingerprint)
+        if shape is not None and not state.models.serves(shape.model, shape.identity):
+            shape = None  # its model is gone: the route answers (a 404)
         hit = None if shape is None else await cache.fetch(shape.key)
         if shape is None or hit is None or hit.entry is None:
             scope["state"][_FINGERPRINT] = fingerprint
@@ -81,6 +83,7 @@ async def _answer(
     entry: NearEntry,
 ) -> None:
     completion = entry.completion
+    mark_model(shape.model)
     try:
         # A cached answer's whole cost is known: charged up front, like the route's hits.
         cost = shape.prompt_tokens + completion.completion_tokens

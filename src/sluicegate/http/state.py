@@ -12,9 +12,8 @@ from starlette.types import Scope
 
 from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.conversation.store import ResponseStore
-from sluicegate.engine.protocol import EngineClient
-from sluicegate.inference.service import CompletionService
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.models.registry import ModelRegistry
 from sluicegate.offload import ProcessOffload
 from sluicegate.quota.quotas import Quotas
 
@@ -30,9 +29,25 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class Access:
+    """Who may call what: the keys the gateway was given."""
+
+    keys: bool = False
+    """API keys are set: every request needs one."""
+    admin_keys: bool = False
+    """Admin keys are set: only they may call the admin endpoints."""
+
+    @property
+    def admin_guarded(self) -> bool:
+        """The admin endpoints need an admin key (with API keys set, none may call them
+        unless admin keys are set too)."""
+        return self.keys or self.admin_keys
+
+
+@dataclass(frozen=True, slots=True)
 class AppState:
-    engine: EngineClient
-    service: CompletionService
+    models: ModelRegistry
+    """Every name a request may give as `model`, and what serves it."""
     cache: ResponseCache
     quotas: Quotas
     responses: ResponseStore
@@ -41,12 +56,8 @@ class AppState:
     timeouts: Timeouts
     processes: ProcessOffload
     """Where large request bodies are parsed (`api.route`)."""
-    model_name: str
-    """The name clients pass as `model`."""
-    model_root: str
-    """The model folder or hub id behind it."""
-    started_at: int
-    """Unix time the engine became ready (the model card's `created`)."""
+    access: Access = Access()
+    allow_runtime_lora: bool = False
 
     def lifespan_state(self) -> dict[str, AppState]:
         """What the lifespan yields."""

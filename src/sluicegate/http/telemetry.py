@@ -1,10 +1,12 @@
 """Per-request telemetry as pure-ASGI middleware: request metrics and one access-log line.
 
 For every HTTP request: `sluicegate_requests_total{endpoint, model, status}`, and for the
-inference routes the in-flight gauge, the end-to-end latency of successes and the client
-disconnects. `endpoint` is the route template (`/v1/models/{model_id}`), never the raw path;
-`model` is the served model on the inference routes and empty elsewhere, so labels stay
-few. A response that never completes, because the client left, counts as status 499, like a
+inference routes the end-to-end latency of successes and the client disconnects (the in-flight
+gauge counts from when the route knows the model: `record.mark_model`). `endpoint` is the
+route template (`/v1/models/{model_id}`), never the raw path; `model` is the model the request
+was routed to (a registry name, never an alias or what the client typed) on the inference
+routes, and empty elsewhere or when it was refused before routing, so labels stay few. A
+response that never completes, because the client left, counts as status 499, like a
 non-streamed request whose client left.
 
 The access line carries the request id, trace id, status, model, token counts, TTFT, total
@@ -25,11 +27,15 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluicegate.http.asgi import header
-from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
 from sluicegate.observability import metrics, timeline
 from sluicegate.observability.logs import lean_record
-from sluicegate.observability.record import RequestRecord, close_request, open_request
+from sluicegate.observability.record import (
+    RequestRecord,
+    close_request,
+    end_model,
+    open_request,
+)
 from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
 
 access_logger = logging.getLogger("sluicegate.access")
@@ -42,19 +48,14 @@ _CACHE_HEADER = b"x-cache"
 class TelemetryMiddleware:
     """Sits just inside `RequestIdMiddleware`, so even refusals by the other middleware count."""
 
-    def __init__(self, app: ASGIApp, model: str):
-        """`model` labels the inference routes until the lifespan says what is served (in
-        upstream mode, the upstreams' model)."""
+    def __init__(self, app: ASGIApp):
         self.app = app
-        self.model = model
-        self.in_flight = metrics.REQUESTS_IN_FLIGHT.labels(model)
-        self._served = False
         # Requests answered before routing (middleware refusals, cache hits) carry no route;
         # matching them against every route again is a cost on the hottest path.
         self._matched: BoundedLRU[tuple[str, str], str] = BoundedLRU(_MAX_MATCHED)
         # Labelled children, looked up once: `labels()` costs more than the increment.
         self._counters: dict[tuple[str, str, int], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
 
     def _endpoint(self, scope: Scope) -> str:
         if scope.get("route") is not None:
@@ -84,12 +85,7 @@ class TelemetryMiddleware:
                     response.finished = time.perf_counter()
             await send(message)
 
-        inference = scope["path"] in INFERENCE_PATHS
-        if not self._served:
-            self._learn_model(scope)
         token = open_request(record)
-        if inference:
-            self.in_flight.inc()
         try:
             await self.app(scope, receive, observed_send)
         except BaseException:
@@ -97,22 +93,14 @@ class TelemetryMiddleware:
             raise
         finally:
             close_request(token)
-            if inference:
-                self.in_flight.dec()
+            end_model(record)
             self._account(scope, record, response)
-
-    def _learn_model(self, scope: Scope) -> None:
-        state = app_state(scope)
-        if state is None:
-            return
-        self._served = True
-        if state.model_name != self.model:
-            self.model = state.model_name
-            self.in_flight = metrics.REQUESTS_IN_FLIGHT.labels(self.model)
 
     def _account(self, scope: Scope, record: RequestRecord, response: _Response) -> None:
         endpoint = self._endpoint(scope)
-        model = self.model if endpoint in INFERENCE_PATHS else ""
+        # The model the route resolved (empty when it was refused before, or off the
+        # inference routes): names come from the registry, so the label set is bounded.
+        model = (record.model or "") if endpoint in INFERENCE_PATHS else ""
         complete = response.finished is not None
         status = response.status if complete or response.status >= 500 else CLIENT_CLOSED
         ended = response.finished or time.perf_counter()
@@ -124,9 +112,10 @@ class TelemetryMiddleware:
         if status == CLIENT_CLOSED:
             metrics.CLIENT_DISCONNECTS.labels(endpoint, model).inc()
         elif model and status < 400:
-            timed = self._durations.get(endpoint)
+            timed = self._durations.get((endpoint, model))
             if timed is None:
-                timed = self._durations[endpoint] = metrics.REQUEST_DURATION.labels(endpoint, model)
+                timed = metrics.REQUEST_DURATION.labels(endpoint, model)
+                self._durations[(endpoint, model)] = timed
             timed.observe(ended - record.started)
             if record.first_token is not None:
                 timeline.observe(record, model)

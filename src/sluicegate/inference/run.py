@@ -47,6 +47,11 @@ class Run:
     key_id: str = ANONYMOUS
     """The API key's public id, set at admission: whose backlog the run is."""
     echo: Echo | None = None
+    model: str = ""
+    """The served model's name, which the response carries (an alias resolved)."""
+    identity: str = ""
+    """What the answer depends on besides the request: the weights (and adapter) behind
+    `model`, for the cache key."""
     counted: dict[int, int] = field(default_factory=dict)
     """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does
     not know (an upstream without a tokenizer); filled in as the run goes."""

@@ -24,7 +24,7 @@ from sluicegate.engine.protocol import (
     StructuredOutput,
     TokenLogprob,
 )
-from sluicegate.errors import InvalidRequestError, ModelNotFoundError
+from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetPolicy, BudgetReport, FittedPrompts, TokenBudget
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
@@ -76,7 +76,18 @@ class CompletionService:
         structured: StructuredLimits | None = None,
         queue: PrefillQueue | None = None,
         load_limits: LoadLimits | None = None,
+        *,
+        identity: str = "",
+        adapter: str | None = None,
     ):
+        """`model_name` is the name its answers carry; `identity` what they depend on besides
+        the request (the weights: the cache key holds it); `adapter` the LoRA adapter the
+        engine runs with. `queue` and `load_limits` are the engine's, shared by every
+        service on it."""
+        self.engine = engine
+        self.model_name = model_name
+        self.identity = identity or model_name
+        self._adapter = adapter
         self._engine = engine
         self._queue = queue or PrefillQueue(QueueConfig())
         self._load_limits = load_limits or LoadLimits()
@@ -97,7 +108,6 @@ class CompletionService:
 
     async def prepare_chat(self, request: ChatCompletionRequest) -> Run:
         arrival_time = time.time()
-        self._check_model(request.model)
         if len(request.messages) > self._limits.max_messages:
             raise InvalidRequestError(
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
@@ -128,11 +138,10 @@ class CompletionService:
         fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
         options = self._options(request, fitted, structured)
         prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
-        return _prepared(request, fmt, prompts, options, arrival_time, fitted.report)
+        return self._prepared(request, fmt, prompts, options, arrival_time, fitted.report)
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         arrival_time = time.time()
-        self._check_model(request.model)
         batch = request.prompts()
         if len(batch) > self._limits.max_prompts:
             raise InvalidRequestError(
@@ -152,7 +161,7 @@ class CompletionService:
             fitted = self._unfitted(request, [p if isinstance(p, list) else [] for p in batch])
             prompts = [Prompt(p) if isinstance(p, list) else Prompt([], text=p) for p in batch]
             options = self._options(request, fitted, structured)
-            return _prepared(request, fmt, prompts, options, arrival_time, None)
+            return self._prepared(request, fmt, prompts, options, arrival_time, None)
         as_text = isinstance(batch[0], str)
         encoded = [await self._encode_prompt(p, request.truncation) for p in batch]
         fitted = await self._budget.fit_prompts(
@@ -171,7 +180,7 @@ class CompletionService:
         if request.echo:
             echo = await self._echo(whole, fitted.prompts, request.scores_only)
         prompts = [Prompt(ids, text=text) for ids, text in zip(fitted.prompts, whole, strict=True)]
-        return _prepared(request, fmt, prompts, options, arrival_time, fitted.report, echo)
+        return self._prepared(request, fmt, prompts, options, arrival_time, fitted.report, echo)
 
     async def _echo(
         self, whole: list[str | None], fitted: list[list[int]], scores_only: bool
@@ -223,13 +232,6 @@ class CompletionService:
         asked = request.completion_limit()
         limit = self._policy.default_max_tokens if asked is None else asked
         return FittedPrompts(prompts, max(limit, request.min_tokens), None, messages)
-
-    def _check_model(self, model: str) -> None:
-        if model != self._model_name:
-            raise ModelNotFoundError(
-                f"The model `{model}` does not exist. This server serves `{self._model_name}`.",
-                param="model",
-            )
 
     async def _encode_prompt(
         self, prompt: str | list[int], truncation: Truncation | None
@@ -335,6 +337,33 @@ class CompletionService:
             ),
         )
 
+    def _prepared(
+        self,
+        request: SamplingRequest,
+        fmt: ChatFormat | CompletionFormat,
+        prompts: list[Prompt],
+        options: SamplingOptions,
+        arrival_time: float,
+        budget: BudgetReport | None,
+        echo: Echo | None = None,
+    ) -> Run:
+        """The run of a request whose prompts are ready: the timeline's `prepared` mark is
+        now."""
+        mark_prepared()
+        return Run(
+            fmt.id,
+            prompts,
+            options,
+            fmt,
+            arrival_time,
+            request.include_usage,
+            budget,
+            priority=request.priority,
+            echo=echo,
+            model=self.model_name,
+            identity=self.identity,
+        )
+
     # ---- running ------------------------------------------------------------------------
 
     async def generate(self, run: Run) -> AsyncGenerator[ChoiceDelta, None]:
@@ -429,10 +458,11 @@ class CompletionService:
                         run.options,
                         arrival_time=run.arrival_time,
                         priority=run.priority,
+                        adapter=self._adapter,
                     )
                     tagged: AsyncGenerator[tuple[int, EngineStep], None] = _tagged(steps)
                 else:
-                    tagged = _merge(self._engine, run)
+                    tagged = _merge(self._engine, run, self._adapter)
                 async with contextlib.aclosing(tagged) as each:
                     async for prompt_index, step in each:
                         if telemetry.step(prompt_index, step):
@@ -519,7 +549,9 @@ async def _tagged(
             yield 0, step
 
 
-async def _merge(engine: EngineClient, run: Run) -> AsyncGenerator[tuple[int, EngineStep], None]:
+async def _merge(
+    engine: EngineClient, run: Run, adapter: str | None
+) -> AsyncGenerator[tuple[int, EngineStep], None]:
     """Run a batch of prompts concurrently; cancelling the consumer cancels them all."""
     queue: asyncio.Queue[tuple[int, EngineStep] | BaseException | None] = asyncio.Queue()
 
@@ -531,6 +563,7 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncGenerator[tuple[int, En
                 run.options,
                 arrival_time=run.arrival_time,
                 priority=run.priority,
+                adapter=adapter,
             )
             async with contextlib.aclosing(steps):
                 async for step in steps:
@@ -554,30 +587,6 @@ async def _merge(engine: EngineClient, run: Run) -> AsyncGenerator[tuple[int, En
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _prepared(
-    request: SamplingRequest,
-    fmt: ChatFormat | CompletionFormat,
-    prompts: list[Prompt],
-    options: SamplingOptions,
-    arrival_time: float,
-    budget: BudgetReport | None,
-    echo: Echo | None = None,
-) -> Run:
-    """The run of a request whose prompts are ready: the timeline's `prepared` mark is now."""
-    mark_prepared()
-    return Run(
-        fmt.id,
-        prompts,
-        options,
-        fmt,
-        arrival_time,
-        request.include_usage,
-        budget,
-        priority=request.priority,
-        echo=echo,
-    )
 
 
 def _count_prompt(run: Run, prompt_index: int, step: EngineStep) -> None:

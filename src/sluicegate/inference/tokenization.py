@@ -10,18 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from sluicegate.engine.protocol import MAX_TOKEN_CHARS, EngineClient, PromptTokenizer
-from sluicegate.errors import InvalidRequestError, ModelNotFoundError
+from sluicegate.errors import InvalidRequestError
 from sluicegate.wire.tokenize import DetokenizeRequest, TokenizeRequest
 
 
 class TokenizationService:
-    def __init__(self, engine: EngineClient, model_name: str):
+    def __init__(self, engine: EngineClient):
+        """The tokenizer of `engine`: the registry has resolved the request's model to it."""
         self._engine = engine
-        self._model_name = model_name
 
     async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         """vLLM's `TokenizeResponse`: count, max_model_len, tokens, token_strs."""
-        self._check_model(request.model)
         tokenizer = self._tokenizer()
         if request.messages is not None:
             param = "messages"
@@ -45,7 +44,6 @@ class TokenizationService:
 
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, str]:
         """vLLM's `DetokenizeResponse`: the ids' text, special tokens kept."""
-        self._check_model(request.model)
         tokenizer = self._tokenizer()
         # No sequence this model can hold is longer; unbounded, 2,000,000 ids held the
         # GIL for 0.5 to 0.9 s in the decode.
@@ -68,17 +66,11 @@ class TokenizationService:
         tokenizer = self._engine.tokenizer
         if tokenizer is None:
             raise InvalidRequestError(
-                "This gateway has no tokenizer for its model: its upstream has no /tokenize "
-                "and SLUICEGATE_TOKENIZER is not set."
+                "This gateway has no tokenizer for this model: its upstreams have no /tokenize "
+                "and no tokenizer is configured for it (SLUICEGATE_TOKENIZER, or `tokenizer` "
+                "in the models file)."
             )
         return tokenizer
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self._model_name:
-            raise ModelNotFoundError(
-                f"The model `{model}` does not exist. This server serves `{self._model_name}`.",
-                param="model",
-            )
 
     def _check_length(self, text: str, param: str) -> None:
         longest = MAX_TOKEN_CHARS * self._engine.max_model_len

@@ -83,8 +83,17 @@ REQUEST_DURATION = Histogram(
 )
 REQUESTS_IN_FLIGHT = Gauge(
     "sluicegate_requests_in_flight",
-    "Inference requests being served (admitted or not yet refused).",
+    "Inference requests being served, by the model they were routed to (from when their "
+    "model is known until they end).",
     ["model"],
+)
+MODEL_FALLBACKS = Counter(
+    "sluicegate_model_fallbacks_total",
+    "Requests a model could not serve before its first byte, handed to its next fallback, "
+    "by reason: unavailable (its engine or every upstream down), overloaded (admission "
+    "refused it), rate_limited (an upstream's 429, or the model's own limit), "
+    "upstream_error (an upstream failed), context_window (the prompt is over its window).",
+    ["model", "fallback", "reason"],
 )
 CLIENT_DISCONNECTS = Counter(
     "sluicegate_client_disconnects_total",

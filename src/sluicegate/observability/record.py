@@ -15,6 +15,10 @@ import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 
+from prometheus_client import Gauge
+
+from sluicegate.observability.metrics import REQUESTS_IN_FLIGHT
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -31,10 +35,42 @@ class RequestRecord:
     scheduled: float | None = None
     engine_first_token: float | None = None
     first_byte: float | None = None
+    model: str | None = None
+    """The served model the request was routed to (its metrics' `model` label)."""
 
     def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens
         self.completion_tokens = (self.completion_tokens or 0) + completion_tokens
+
+
+def mark_model(name: str) -> None:
+    """The current request is served by the model `name` (another one, after a fallback):
+    it counts in flight for that model until it ends (`TelemetryMiddleware`)."""
+    record = _current.get()
+    if record is None or record.model == name:
+        return
+    if record.model is not None:
+        _in_flight(record.model).dec()
+    record.model = name
+    _in_flight(name).inc()
+
+
+def end_model(record: RequestRecord) -> None:
+    """The request has ended: it is no longer in flight for its model."""
+    if record.model is not None:
+        _in_flight(record.model).dec()
+
+
+_IN_FLIGHT: dict[str, Gauge] = {}
+
+
+def _in_flight(model: str) -> Gauge:
+    """The labelled child, looked up once: `labels()` costs more than the increment. Model
+    names come from the registry, so the children are bounded."""
+    child = _IN_FLIGHT.get(model)
+    if child is None:
+        child = _IN_FLIGHT[model] = REQUESTS_IN_FLIGHT.labels(model)
+    return child
 
 
 def mark_prepared() -> None:

@@ -20,10 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from sluicegate.errors import RateLimitError
+from sluicegate.errors import KeyRateLimitError, RateLimitError
 from sluicegate.observability.metrics import RATE_LIMITED
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import Decision, RateLimit, RateLimiter
+
+
+@dataclass(frozen=True, slots=True)
+class ModelQuota:
+    """A model's own limits, across every key (`rate_limit` in the models file)."""
+
+    name: str
+    limit: RateLimit
+
+    @property
+    def bucket(self) -> str:
+        """Its limiter key: no API key id has this form (`key-…`, `anonymous`)."""
+        return f"model:{self.name}"
 
 
 @dataclass(slots=True)
@@ -40,6 +53,9 @@ class Reservation:
     """The engine priority (0 unless the share prioritizes; see `quota.share`)."""
     local: bool = False
     released: bool = False
+    model: ModelQuota | None = None
+    """The model's limits it was charged to as well."""
+    model_local: bool = False
 
 
 @dataclass
@@ -73,26 +89,36 @@ class Quotas:
         param: str = "n",
         priority: int = 0,
         counted: bool = False,
+        model: ModelQuota | None = None,
     ) -> Reservation:
         """Admit a request: take its sequences, count it (unless `enter` has: `counted`)
-        and its possible tokens.
+        and its possible tokens, against its key's limits and its `model`'s.
 
-        Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share, and
-        `RateLimitError` (429) when a limit is used up or the request could never fit."""
+        Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share,
+        `KeyRateLimitError` (429) when a limit of the key is used up or the request could
+        never fit it, and `RateLimitError` when the model's is."""
         limit = self.limit_for(key_id)
         completion_tokens = sequences * max_tokens
+        cost = prompt_tokens + completion_tokens
         _check_fits(limit, prompt_tokens, completion_tokens)
+        if model is not None:
+            _check_fits(model.limit, prompt_tokens, completion_tokens, model.name)
         priority = self.share.take(key_id, sequences, param, priority)
+        charged: Decision | None = None
         try:
-            decision = await self.limiter.acquire(
-                key_id, limit, prompt_tokens + completion_tokens, requests=0 if counted else 1
-            )
+            if model is not None:
+                # The model's first: a request it refuses costs the key nothing.
+                charged = await self.limiter.acquire(model.bucket, model.limit, cost)
+                if not charged.allowed:
+                    _refuse(charged, model.name)
+            decision = await self.limiter.acquire(key_id, limit, cost, requests=0 if counted else 1)
+            if not decision.allowed:
+                _refuse(decision)
         except BaseException:
             self.share.give_back(key_id, sequences)
+            if model is not None and charged is not None and charged.allowed:
+                await self.limiter.reconcile(model.bucket, model.limit, -cost, charged.local)
             raise
-        if not decision.allowed:
-            self.share.give_back(key_id, sequences)
-            _refuse(decision)
         return Reservation(
             key_id,
             limit,
@@ -101,6 +127,8 @@ class Quotas:
             decision.headers,
             priority,
             decision.local,
+            model=model,
+            model_local=charged is not None and charged.local,
         )
 
     async def release(self, reservation: Reservation, completion_tokens: int) -> None:
@@ -110,12 +138,14 @@ class Quotas:
             return
         reservation.released = True
         self.share.give_back(reservation.key_id, reservation.sequences)
+        unused = completion_tokens - reservation.completion_tokens
         await self.limiter.reconcile(
-            reservation.key_id,
-            reservation.limit,
-            completion_tokens - reservation.completion_tokens,
-            local=reservation.local,
+            reservation.key_id, reservation.limit, unused, local=reservation.local
         )
+        if (model := reservation.model) is not None:
+            await self.limiter.reconcile(
+                model.bucket, model.limit, unused, local=reservation.model_local
+            )
 
     async def admit(self, key_id: str, tokens: int) -> dict[str, str]:
         """Count a request whose whole cost, `tokens`, is known (a cached answer) and that
@@ -135,19 +165,28 @@ class Quotas:
         reservation.sequences = sequences
 
 
-def _refuse(decision: Decision) -> NoReturn:
+def _refuse(decision: Decision, model: str | None = None) -> NoReturn:
+    """The 429 of a refusal by the key's limits, or by `model`'s."""
     which = decision.limit or "requests"
     RATE_LIMITED.labels(limit=which).inc()
     # The limit that refused: this replica's share of it while Redis is down.
     per_minute = decision.headers.get(f"x-ratelimit-limit-{which}", "?")
-    raise RateLimitError(
-        f"Rate limit reached for {which} per minute (limit {per_minute}). "
-        f"Retry after {decision.headers.get('retry-after', '1')} s.",
+    retry = decision.headers.get("retry-after", "1")
+    if model is not None:
+        raise RateLimitError(
+            f"Rate limit reached for {which} per minute on the model {model} (limit "
+            f"{per_minute}, across every key). Retry after {retry} s.",
+            headers={"retry-after": retry},
+        )
+    raise KeyRateLimitError(
+        f"Rate limit reached for {which} per minute (limit {per_minute}). Retry after {retry} s.",
         headers=decision.headers,
     )
 
 
-def _check_fits(limit: RateLimit, prompt_tokens: int, completion_tokens: int) -> None:
+def _check_fits(
+    limit: RateLimit, prompt_tokens: int, completion_tokens: int, model: str | None = None
+) -> None:
     """A request whose possible cost exceeds the whole tokens-per-minute limit never fits:
     refuse it at once, saying what to lower, rather than with a Retry-After that lies."""
     tpm = limit.tokens_per_minute
@@ -155,9 +194,11 @@ def _check_fits(limit: RateLimit, prompt_tokens: int, completion_tokens: int) ->
     if tpm is None or cost <= tpm:
         return
     RATE_LIMITED.labels(limit="tokens").inc()
-    raise RateLimitError(
+    whose = "this API key's limit" if model is None else f"the model {model}'s limit"
+    error = KeyRateLimitError if model is None else RateLimitError
+    raise error(
         f"Request too large: it may use {cost} tokens ({prompt_tokens} prompt + up to "
-        f"{completion_tokens} completion), more than this API key's limit of {tpm} tokens "
+        f"{completion_tokens} completion), more than {whose} of {tpm} tokens "
         "per minute. Lower max_tokens or n, or shorten the prompt.",
         param="max_tokens" if prompt_tokens <= tpm else None,
         headers={"x-ratelimit-limit-tokens": str(tpm)},

@@ -37,11 +37,15 @@ class CompletionLogprobs(TypedDict):
 
 
 class ModelCard(TypedDict):
+    """OpenAI's model object, with vLLM's fields: `root` (what the name serves), `parent` (an
+    adapter's base model) and `max_model_len`."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     root: str
+    parent: str | None
     max_model_len: int
 
 

@@ -272,7 +272,7 @@ async def test_the_entry_is_stored_though_its_readers_left_when_the_run_ended(
         store, close = RedisStore(client, op_timeout=SLOW_OK), client.aclose
     else:
         store = OpeningStore(max_bytes=1 << 20)
-    cache = ResponseCache(store, TtlPolicy(TtlRule()), CacheConfig(prefix=prefix), "m", "id")
+    cache = ResponseCache(store, TtlPolicy(TtlRule()), CacheConfig(prefix=prefix))
     key = f"{prefix}:cache:v1:m:{0:064x}"
     try:
         for text in ("Old words", "Fresh words"):

@@ -233,8 +233,6 @@ async def test_entries_read_from_redis_are_kept_within_the_bound(
         RedisStore(client, op_timeout=2.0),
         TtlPolicy(TtlRule()),
         CacheConfig(prefix=PREFIX),
-        "m",
-        "identity",
         near,
         listener,
     )

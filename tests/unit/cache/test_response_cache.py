@@ -221,6 +221,7 @@ class FailsFirst(FakeEngine):
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncIterator[EngineStep]:
         first = not self.requests
         steps = super().generate(

@@ -50,6 +50,7 @@ class LogprobEngine(FakeEngine):
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
         self.requests.append((request_id, prompt.ids, options))
         for i in range(TOKENS):

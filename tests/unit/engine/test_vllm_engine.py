@@ -23,11 +23,19 @@ class RecordingLLM:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any, str]] = []
         self.priorities: list[int] = []
+        self.loras: list[Any] = []
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, *, priority: int = 0
+        self,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        *,
+        priority: int = 0,
+        lora_request: Any = None,
     ) -> AsyncIterator[Any]:
         self.calls.append((prompt, params, request_id))
+        self.loras.append(lora_request)
         self.priorities.append(priority)
         output = SimpleNamespace(
             index=0, text="Hi", token_ids=[7], finish_reason="length", logprobs=None
@@ -183,7 +191,13 @@ class PromptScoringLLM:
         self.params: Any = None
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, *, priority: int = 0
+        self,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        *,
+        priority: int = 0,
+        lora_request: Any = None,
     ) -> AsyncIterator[Any]:
         self.params = params
 

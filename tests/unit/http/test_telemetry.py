@@ -135,13 +135,15 @@ def test_endpoint_is_the_route_template_and_unknown_paths_share_one_label(
 
 
 def test_refusals_by_middleware_count_on_their_route_and_by_error_code() -> None:
+    """Refused before routing, the request names no model of the registry: its `model` label
+    is empty (what the client typed never becomes a label)."""
     errors = local_value(
         "sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key"
     )
-    before = requests_total(CHAT, "401")
+    before = requests_total(CHAT, "401", model="")
     with TestClient(fake_app(api_keys=KEY)) as client:
         assert client.post(CHAT, json=chat_body()).status_code == 401
-    assert requests_total(CHAT, "401") == before + 1
+    assert requests_total(CHAT, "401", model="") == before + 1
     assert (
         local_value("sluicegate_errors_total", type="invalid_request_error", code="invalid_api_key")
         == errors + 1

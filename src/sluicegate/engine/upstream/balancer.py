@@ -9,6 +9,9 @@ in proportion to its weight): prompts that start alike go to the same upstream, 
 cache then holds their shared start. Bounded load (consistent hashing with bounded loads,
 Mirrokni et al.): an upstream takes an affine request only while its in-flight count stays
 within `load_factor` of its share of all requests in flight; else the next on the ring does.
+
+A request for an adapter prefers the upstreams that list it (`prefer`), under the same bound:
+while one of them is within it, the pick is among them; past it, among all.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from sluicegate.engine.upstream.server import Upstream
 from sluicegate.observability import metrics
 
 _POINTS_PER_WEIGHT = 64
+_DEFAULT_LOAD_FACTOR = 2.0
+"""The bound on preferred upstreams when prefix affinity (and its `load_factor`) is off."""
 
 
 class Balancer:
@@ -46,9 +51,15 @@ class Balancer:
                     self._ring.append((_hash(f"{upstream.url}#{point}"), index))
             self._ring.sort()
 
-    def pick(self, prefix: str | None = None, tried: Collection[int] = ()) -> int | None:
+    def pick(
+        self,
+        prefix: str | None = None,
+        tried: Collection[int] = (),
+        prefer: Collection[int] | None = None,
+    ) -> int | None:
         """The index of the upstream to try, or None when none is available. `tried`: the
-        upstreams this request has already failed on (used only when nothing else is left)."""
+        upstreams this request has already failed on (used only when nothing else is left).
+        `prefer`: upstreams to pick among while one of them is within its load bound."""
         now = time.monotonic()
         candidates = [
             i for i, u in enumerate(self.upstreams) if i not in tried and u.available(now)
@@ -57,6 +68,10 @@ class Balancer:
             candidates = [i for i, u in enumerate(self.upstreams) if u.available(now)]
         if not candidates:
             return None
+        if prefer:
+            within = [i for i in candidates if i in prefer and self._within_bound(i, candidates)]
+            if within:
+                candidates = within
         if self._affinity is not None and prefix:
             chosen, spilled = self._affine(prefix[: self._affinity.chars], set(candidates))
             if chosen is None:  # not reached: the least loaded is always within a bound >= 1
@@ -74,6 +89,16 @@ class Balancer:
         rest = [i for i in candidates if i != first]
         second = self._rng.choices(rest, [self.upstreams[i].weight for i in rest])[0]
         return min((first, second), key=self._load)
+
+    def _within_bound(self, index: int, candidates: list[int]) -> bool:
+        """Whether one more request keeps the upstream within its bounded share of all the
+        requests in flight on `candidates` (the bound prefix affinity uses)."""
+        factor = self._affinity.load_factor if self._affinity else _DEFAULT_LOAD_FACTOR
+        total_weight = sum(self.upstreams[i].weight for i in candidates)
+        in_flight = sum(self.upstreams[i].in_flight for i in candidates) + 1
+        upstream = self.upstreams[index]
+        share = in_flight * upstream.weight / total_weight
+        return upstream.in_flight + 1 <= math.ceil(factor * share)
 
     def _load(self, index: int) -> float:
         upstream = self.upstreams[index]

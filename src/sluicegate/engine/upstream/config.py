@@ -68,8 +68,12 @@ class UpstreamConfig:
     health_interval: float = 5.0
     health_failures: int = 3
     """Probes in a row that must fail before an upstream is marked unhealthy."""
+    start_timeout: float = 60.0
+    """Seconds start-up waits for an upstream to list its models."""
     tokenizer: str | None = None
     """A local tokenizer (folder or hub id); None: the upstream's `/tokenize`, if any."""
     served_model_name: str | None = None
+    model: str | None = None
+    """The model to ask the upstreams for; None: the first their `/v1/models` lists."""
     max_model_len: int = 2048
     """The context length when the upstream does not say (vLLM's `/v1/models` does)."""

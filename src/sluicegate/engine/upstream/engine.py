@@ -124,17 +124,19 @@ class UpstreamEngine:
     async def start(
         cls,
         config: UpstreamConfig,
-        wait: float = 60.0,
+        wait: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> UpstreamEngine:
         """Open a pool per upstream, learn the model from the first `/v1/models` that answers
-        (within `wait` seconds), find a tokenizer, and start the health probes."""
+        (within `wait` seconds, by default `config.start_timeout`), find a tokenizer, and start
+        the health probes."""
+        wait = config.start_timeout if wait is None else wait
         upstreams = [
             Upstream(url, weight, config.pool, config.breaker, config.api_key, transport)
             for url, weight in config.urls
         ]
         try:
-            found, card = await _discover(upstreams, wait)
+            found, card = await _discover(upstreams, wait, config.model)
             model = str(card["id"])
             max_model_len = int(card.get("max_model_len") or config.max_model_len)
             tokenizer = await _tokenizer(config, found, model)
@@ -168,6 +170,22 @@ class UpstreamEngine:
     def upstreams(self) -> list[Upstream]:
         return self._upstreams
 
+    def listed_adapters(self) -> list[str]:
+        """The adapters of this pool's model its upstreams list (vLLM's servers list each
+        with `parent` set to its base model), as of the last probes."""
+        names: dict[str, None] = {}
+        for upstream in self._upstreams:
+            for name, parent in upstream.models.items():
+                if parent == self.model and name != self.model:
+                    names[name] = None
+        return list(names)
+
+    def _listing(self, adapter: str | None) -> frozenset[int] | None:
+        """For an adapter: the upstreams that list it, which the balancer prefers."""
+        if adapter is None:
+            return None
+        return frozenset(i for i, u in enumerate(self._upstreams) if adapter in u.models)
+
     async def generate(
         self,
         request_id: str,
@@ -176,19 +194,22 @@ class UpstreamEngine:
         *,
         arrival_time: float,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> AsyncGenerator[EngineStep, None]:
         # `priority` is this gateway's own queue order (its keys' ranks and shares), not sent:
         # an upstream orders its own queue, and vLLM's server refuses any priority but 0
         # unless it schedules by priority (docs/upstream.md).
-        path, body = request_body(self.model, prompt, options, options.max_tokens_given)
+        model = adapter or self.model
+        path, body = request_body(model, prompt, options, options.max_tokens_given)
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
         last: _Failure | None = None
         records = reads_records(prompt.chat)
+        listing = self._listing(adapter)
         while True:
-            index = self._balancer.pick(_affinity_key(prompt), tried)
+            index = self._balancer.pick(_affinity_key(prompt), tried, listing)
             if index is None:
                 # The try that failed last says why better than this would: its breaker
                 # may have opened, or its Retry-After taken it out, with nothing else left.
@@ -201,7 +222,8 @@ class UpstreamEngine:
                     raise _unavailable(last)
                 continue
             reader = StreamReader(choices=options.n, records=records)
-            exchange = _Exchange(upstream, ticket, reader)
+            listed = adapter is None or adapter in upstream.models
+            exchange = _Exchange(upstream, ticket, reader, listed)
             try:
                 first = await self._open(exchange, path, content)
             except _TryFailed as failed:
@@ -393,6 +415,10 @@ class UpstreamEngine:
         # The upstream works and refused the request: its words, its status.
         upstream.breaker.success(exchange.ticket)
         _count(label, "client_error")
+        if status == 404 and not exchange.listed:
+            # An adapter it does not have: one that lists it can take the request.
+            error = error_for_status(404, message or "The upstream does not serve this model.")
+            raise _TryFailed(_Failure("client_error", error, retryable=True, elsewhere=True))
         if status not in _PASSED_ON:
             logger.info("upstream %s answered %d: %s", label, status, message)
             raise BadGatewayError(f"The upstream server refused the request ({status}).")
@@ -469,14 +495,19 @@ class UpstreamEngine:
 
     async def _probe(self, upstream: Upstream) -> None:
         sent = time.monotonic()
+        timeout = min(_HEALTH_TIMEOUT, self._config.health_interval)
+        lists_models = self._config.health_path.rstrip("/") == "/v1/models"
         try:
             response = await upstream.client.get(
-                upstream.origin() + self._config.health_path,
-                timeout=min(_HEALTH_TIMEOUT, self._config.health_interval),
+                upstream.origin() + self._config.health_path, timeout=timeout
             )
             answered = response.status_code == 200
+            if answered and lists_models:
+                upstream.models = _listed(response)
         except httpx.HTTPError:
             answered = False
+        if answered and not lists_models:
+            await _refresh_listing(upstream, timeout)
         upstream.failed_probes = 0 if answered else upstream.failed_probes + 1
         if answered:
             upstream.probe_answered(sent)
@@ -498,6 +529,9 @@ class _Exchange:
     ticket: Ticket
     """What the upstream's breaker let this try through with."""
     reader: StreamReader
+    listed: bool = True
+    """Whether the upstream lists the model asked for (an adapter may be sent to one that
+    does not, past the load bound of those that do)."""
     response: httpx.Response | None = None
     events: AsyncGenerator[EngineStep, None] | None = None
 
@@ -508,31 +542,89 @@ class _TryFailed(Exception):
         self.failure = failure
 
 
-async def _discover(upstreams: list[Upstream], wait: float) -> tuple[Upstream, dict[str, Any]]:
-    """The first upstream whose `/v1/models` lists a model, and that model's card."""
+async def _discover(
+    upstreams: list[Upstream], wait: float, wanted: str | None = None
+) -> tuple[Upstream, dict[str, Any]]:
+    """The first upstream whose `/v1/models` lists the model (`wanted`, else its first one),
+    and that model's card. What each upstream lists is kept (`Upstream.models`)."""
     deadline = time.monotonic() + wait
     while True:
+        found: tuple[Upstream, dict[str, Any]] | None = None
         for upstream in upstreams:
-            try:
-                response = await upstream.client.get("/models", timeout=_HEALTH_TIMEOUT)
-                cards = response.json().get("data") if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError, AttributeError):
-                cards = None
-            if isinstance(cards, list) and cards and isinstance(cards[0], dict):
-                if len(cards) > 1:
+            cards = await _cards(upstream, _HEALTH_TIMEOUT)
+            if cards is None:
+                continue
+            upstream.models = _parents(cards)
+            if found is not None:
+                continue
+            card = _card_for(cards, wanted)
+            if card is not None:
+                if wanted is None and len(cards) > 1 and not _all_of(cards, card):
                     logger.warning(
-                        "upstream %s serves %d models; sluicegate serves the first, %s",
+                        "upstream %s serves %d models; sluicegate serves the first, %s "
+                        "(`upstream_model` in a models file picks another)",
                         upstream.label,
                         len(cards),
-                        cards[0].get("id"),
+                        card.get("id"),
                     )
-                return upstream, cards[0]
+                found = (upstream, card)
+        if found is not None:
+            return found
         if time.monotonic() >= deadline:
             names = ", ".join(u.label for u in upstreams)
+            which = "any model" if wanted is None else f"the model {wanted!r}"
             raise UpstreamStartError(
-                f"no upstream answered GET /v1/models within {wait:g} s ({names})"
+                f"no upstream listed {which} in GET /v1/models within {wait:g} s ({names})"
             )
         await asyncio.sleep(1.0)
+
+
+async def _cards(upstream: Upstream, wait: float) -> list[dict[str, Any]] | None:
+    """The model cards of the upstream's `/v1/models`, or None if it did not answer so."""
+    try:
+        response = await upstream.client.get("/models", timeout=wait)
+        cards = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(cards, list):
+        return None
+    return [c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)]
+
+
+def _card_for(cards: list[dict[str, Any]], wanted: str | None) -> dict[str, Any] | None:
+    if wanted is not None:
+        return next((c for c in cards if c["id"] == wanted), None)
+    return cards[0] if cards else None
+
+
+def _all_of(cards: list[dict[str, Any]], base: dict[str, Any]) -> bool:
+    """Whether the other cards are the base model's adapters (vLLM lists them so)."""
+    return all(c is base or c.get("parent") == base["id"] for c in cards)
+
+
+def _parents(cards: list[dict[str, Any]]) -> dict[str, str | None]:
+    parents: dict[str, str | None] = {}
+    for card in cards:
+        parent = card.get("parent")
+        parents[card["id"]] = parent if isinstance(parent, str) else None
+    return parents
+
+
+def _listed(response: httpx.Response) -> dict[str, str | None]:
+    """A probe's `/v1/models` answer as a listing (empty if it is not one)."""
+    try:
+        cards = response.json().get("data")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(cards, list):
+        return {}
+    return _parents([c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)])
+
+
+async def _refresh_listing(upstream: Upstream, wait: float) -> None:
+    cards = await _cards(upstream, wait)
+    if cards is not None:
+        upstream.models = _parents(cards)
 
 
 async def _tokenizer(

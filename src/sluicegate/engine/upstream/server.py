@@ -31,6 +31,9 @@ class Upstream:
         self.failed_probes = 0
         """Health probes failed in a row."""
         self.in_flight = 0
+        self.models: dict[str, str | None] = {}
+        """What its `/v1/models` listed last: each model id with its `parent` (an adapter's
+        base model, as vLLM's server lists them), refreshed with the health probes."""
         self.not_before = 0.0
         """Monotonic time before which it asked not to be sent requests (Retry-After)."""
         self._held_since = 0.0

@@ -86,3 +86,18 @@ def test_affine_picks_are_counted_as_home_or_spilled() -> None:
     assert balancer.pick(prefix) == home
     assert added(home, "home") == 2
     assert added(home, "spilled") == added(other, "home") == 0
+
+
+def test_an_adapter_goes_to_the_upstreams_that_list_it_within_their_load_bound() -> None:
+    upstreams = _upstreams(1, 1, 1)
+    balancer = Balancer(upstreams, rng=random.Random(4))
+    listing = frozenset({2})
+    assert {balancer.pick(prefer=listing) for _ in range(200)} == {2}
+    # Past its bound (twice its share of what is in flight), the others take it.
+    upstreams[2].in_flight = 6
+    upstreams[0].in_flight = upstreams[1].in_flight = 1
+    assert 2 not in {balancer.pick(prefer=listing) for _ in range(200)}
+    # Unavailable, it is passed over too.
+    upstreams[2].in_flight = 0
+    upstreams[2].healthy = False
+    assert 2 not in {balancer.pick(prefer=listing) for _ in range(200)}

@@ -1,0 +1,209 @@
+"""The model registry: every name a request may give as `model`, and what serves it.
+
+A name is a model (a pool of upstreams, or the in-process engine), an alias of one, or an
+adapter: a LoRA adapter loaded into the in-process engine (at start-up or at run time), or one
+that a pool's upstreams list with the pool's model as `parent` (vLLM's servers with adapters).
+The pipeline asks the registry once, early (`resolve`, or `chain` for a model and its
+fallbacks), and from then on holds one `ServedModel`: one engine, one tokenizer, one window.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.vllm_adapters import LoadedAdapters
+from sluicegate.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
+from sluicegate.inference.service import CompletionService
+from sluicegate.models.served import ServedModel
+from sluicegate.wire.formats import ModelCard
+
+logger = logging.getLogger(__name__)
+
+ServiceFactory = Callable[[EngineClient, str, str, str | None], CompletionService]
+"""Builds the service of a name on an engine: (engine, name, identity, adapter)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEngine:
+    """The in-process engine: its base model's name, and its adapters when LoRA is on."""
+
+    name: str
+    engine: EngineClient
+    adapters: LoadedAdapters | None
+    identity: str
+    """The base model's cache identity; an adapter's adds its own name and path."""
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        models: Iterable[ServedModel],
+        aliases: dict[str, str],
+        factory: ServiceFactory,
+        local: LocalEngine | None = None,
+        pools: Iterable[tuple[ServedModel, Callable[[], Iterable[str]]]] = (),
+    ) -> None:
+        """`aliases`: alias -> model name. `pools`: each pool model, with what lists the
+        adapters its upstreams serve."""
+        self._models: dict[str, ServedModel] = {m.name: m for m in models}
+        self._aliases = dict(aliases)
+        self._factory = factory
+        self.local = local
+        self._pools = list(pools)
+        self._pool_adapters: dict[str, ServedModel] = {}
+        self.default = next(iter(self._models.values()))
+        """The first model: what answers where a request names none (`/tokenize`)."""
+
+    # ---- resolving ---------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> ServedModel:
+        """The model `name` (an alias resolved), or `ModelNotFoundError` (404)."""
+        found = self._models.get(self._aliases.get(name, name))
+        if found is None:
+            found = self._pool_adapter(name)
+        if found is None:
+            raise ModelNotFoundError(f"The model `{name}` does not exist.", param="model")
+        return found
+
+    def chain(self, name: str) -> list[ServedModel]:
+        """The model `name`, then its fallbacks in order (theirs after each, depth first), each
+        once. Fallbacks that are gone (an adapter unloaded) are passed over."""
+        first = self.resolve(name)
+        chain = [first]
+        seen = {first.name}
+
+        def add(model: ServedModel) -> None:
+            for fallback in model.fallbacks:
+                if fallback in seen or fallback not in self._models:
+                    continue
+                seen.add(fallback)
+                chain.append(self._models[fallback])
+                add(self._models[fallback])
+
+        add(first)
+        return chain
+
+    def serves(self, name: str, identity: str) -> bool:
+        """Whether `name` still serves the weights `identity` (for answers remembered by name,
+        from before an adapter was unloaded or loaded again)."""
+        try:
+            return self.resolve(name).service.identity == identity
+        except ModelNotFoundError:
+            return False
+
+    def names(self) -> list[str]:
+        """Every name a metric may carry: models and adapters (not aliases)."""
+        return [*self._models, *self._pool_adapters]
+
+    def cards(self) -> list[ModelCard]:
+        """`/v1/models`: every model, adapter and alias."""
+        self._refresh_pool_adapters()
+        cards = [m.card() for m in (*self._models.values(), *self._pool_adapters.values())]
+        for alias, target in self._aliases.items():
+            card = self._models[target].card()
+            cards.append({**card, "id": alias})
+        return cards
+
+    def engines(self) -> list[EngineClient]:
+        """Each engine once."""
+        unique: dict[int, EngineClient] = {}
+        for model in self._models.values():
+            unique.setdefault(id(model.engine), model.engine)
+        return list(unique.values())
+
+    # ---- adapters of the in-process engine ---------------------------------------------------
+
+    async def load_adapter(self, name: str, path: str) -> ServedModel:
+        """Load a LoRA adapter into the in-process engine as the model `name`."""
+        local = self._local_adapters()
+        if name in self._models or name in self._aliases:
+            raise InvalidRequestError(
+                f"The name {name!r} is already served (a model, alias or adapter).",
+                param="lora_name",
+            )
+        await local.adapters.load(name, path)
+        served = self._adapter_model(local, name, path)
+        self._models[name] = served
+        return served
+
+    def unload_adapter(self, name: str) -> None:
+        """Take the in-process adapter `name` away; requests running on it finish."""
+        local = self._local_adapters()
+        served = self._models.get(name)
+        if served is None or not served.local or served.parent is None:
+            raise NotFoundError(f"The adapter {name!r} is not loaded.", param="lora_name")
+        local.adapters.unload(name)
+        del self._models[name]
+
+    def add_started_adapter(self, name: str, path: str) -> ServedModel:
+        """Register an adapter loaded at start-up (`LORA_MODULES`)."""
+        local = self._local_adapters()
+        served = self._adapter_model(local, name, path)
+        self._models[name] = served
+        return served
+
+    def _local_adapters(self) -> _LocalWithAdapters:
+        local = self.local
+        if local is None or local.adapters is None:
+            raise NotFoundError(
+                "LoRA adapters are not enabled on this gateway's engine "
+                "(SLUICEGATE_ALLOW_RUNTIME_LORA, SLUICEGATE_LORA_MODULES)."
+            )
+        return _LocalWithAdapters(local, local.adapters)
+
+    def _adapter_model(self, local: _LocalWithAdapters, name: str, path: str) -> ServedModel:
+        base = self._models[local.local.name]
+        identity = f"{local.local.identity}+lora:{name}:{local.adapters.identity(name)}"
+        return self._adapter_of(base, name, identity, root=path)
+
+    def _adapter_of(self, base: ServedModel, name: str, identity: str, root: str) -> ServedModel:
+        """The adapter `name` of `base`: its engine, window and limits' size, a service and a
+        card of its own, no fallbacks."""
+        return replace(
+            base,
+            name=name,
+            service=self._factory(base.engine, name, identity, name),
+            root=root,
+            parent=base.name,
+            created=int(time.time()),
+            fallbacks=(),
+            quota=None if base.quota is None else replace(base.quota, name=name),
+        )
+
+    # ---- adapters listed by pools ------------------------------------------------------------
+
+    def _pool_adapter(self, name: str) -> ServedModel | None:
+        found = self._pool_adapters.get(name)
+        if found is not None and self._still_listed(found):
+            return found
+        self._refresh_pool_adapters()
+        return self._pool_adapters.get(name)
+
+    def _still_listed(self, model: ServedModel) -> bool:
+        for pool, listed in self._pools:
+            if pool.name == model.parent:
+                return model.name in set(listed())
+        return False
+
+    def _refresh_pool_adapters(self) -> None:
+        """What the pools' upstreams list now: new adapters get a service, gone ones go."""
+        current: dict[str, ServedModel] = {}
+        for pool, listed in self._pools:
+            for name in listed():
+                if name in self._models or name in self._aliases or name in current:
+                    continue
+                known = self._pool_adapters.get(name)
+                if known is None or known.parent != pool.name:
+                    known = self._adapter_of(pool, name, f"upstream:{name}", root=name)
+                current[name] = known
+        self._pool_adapters = current
+
+
+@dataclass(frozen=True, slots=True)
+class _LocalWithAdapters:
+    local: LocalEngine
+    adapters: LoadedAdapters

@@ -1,0 +1,97 @@
+"""The adapters of the in-process engine, over a stand-in for vLLM's `AsyncLLM` that records
+its LoRA calls (not vLLM: the real engine loads adapters in the integration tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from sluicegate.engine.lora import BaseModel
+from sluicegate.engine.vllm_adapters import LoadedAdapters
+from sluicegate.errors import InvalidRequestError, NotFoundError
+from tests.support.fakes import FakeLoraLLM
+
+
+def folder(tmp_path: Path, name: str = "ad") -> str:
+    path = tmp_path / name
+    path.mkdir()
+    (path / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (path / "adapter_model.bin").write_bytes(b"w")
+    return str(path)
+
+
+def adapters(llm: FakeLoraLLM) -> LoadedAdapters:
+    return LoadedAdapters(llm, 16, BaseModel.of(set(), {}))
+
+
+async def test_each_load_gets_an_id_of_its_own(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    await loaded.load("a", folder(tmp_path, "a"))
+    await loaded.load("b", folder(tmp_path, "b"))
+    loaded.unload("a")
+    await loaded.load("a", folder(tmp_path, "c"))
+    ids = [r.lora_int_id for r in llm.added]
+    assert len(set(ids)) == 3 and all(i > 0 for i in ids)
+    assert loaded.names() == ["b", "a"]
+    await loaded.close()
+
+
+async def test_what_vllm_refuses_is_a_400_in_its_own_words(tmp_path: Path) -> None:
+    llm = FakeLoraLLM(
+        "Call to add_lora method failed: Worker failed with error 'While loading x, expected "
+        "target modules in [q_proj] but received [mlp]', please check the stack trace above"
+    )
+    with pytest.raises(InvalidRequestError) as caught:
+        await adapters(llm).load("a", folder(tmp_path))
+    assert caught.value.message == (
+        "vLLM refused the adapter: While loading x, expected target modules in [q_proj] but "
+        "received [mlp]"
+    )
+    assert caught.value.param == "lora_path"
+
+
+async def test_a_checked_refusal_never_reaches_vllm(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    with pytest.raises(InvalidRequestError, match="no adapter folder"):
+        await adapters(llm).load("a", str(tmp_path / "nowhere"))
+    assert llm.added == []
+
+
+async def test_unloading_lets_running_requests_finish_before_vllm_drops_it(
+    tmp_path: Path,
+) -> None:
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    await loaded.load("a", folder(tmp_path))
+    with loaded.using("a") as request:
+        loaded.unload("a")
+        # Gone for new requests at once...
+        with pytest.raises(NotFoundError), loaded.using("a"):
+            pass
+        await asyncio.sleep(0.05)
+        # ... and still in the engine while this one runs.
+        assert llm.removed == []
+    for _ in range(100):
+        if llm.removed:
+            break
+        await asyncio.sleep(0.01)
+    assert llm.removed == [request.lora_int_id]
+    with pytest.raises(NotFoundError):
+        loaded.unload("a")
+    await loaded.close()
+
+
+async def test_two_loads_of_one_name_at_once_load_it_once(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    path = folder(tmp_path)
+    results = await asyncio.gather(
+        loaded.load("a", path), loaded.load("a", path), return_exceptions=True
+    )
+    assert sum(isinstance(r, InvalidRequestError) for r in results) == 1
+    assert len(llm.added) == 1
+    await loaded.close()
