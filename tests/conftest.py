@@ -26,9 +26,10 @@ HEAVY = "heavy"
 HEAVY_MODULES = frozenset(
     {
         # Two engines at once (pairs of gateways), or three tensor-parallel workers.
+        "integration/test_embeddings.py",
         "integration/test_engine_admission.py",
         "integration/test_lifecycle.py",
-        "integration/test_models_lora.py",
+        "integration/test_vllm_parity.py",
         "integration/test_parallel_engine.py",
         "integration/test_redis_resilience.py",
         # An engine beside another large process: Prometheus and a second gateway, vLLM's own

@@ -19,7 +19,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware import Middleware
 
 from sluicegate import __version__, wiring
-from sluicegate.api import adapters, completions, health, models, responses, tokenize
+from sluicegate.api import (
+    adapters,
+    completions,
+    embeddings,
+    health,
+    messages,
+    models,
+    responses,
+    tokenize,
+)
 from sluicegate.api.playground import playground_mount
 from sluicegate.http.admission import AdmissionMiddleware, ConnectionLimitMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
@@ -47,6 +56,7 @@ def create_app(
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
     pool_factory: wiring.PoolFactory = wiring.start_pool,
+    embedder_factory: wiring.EmbedderFactory = wiring.start_local_embedder,
 ) -> FastAPI:
     """The app. `engine_factory` starts the in-process engine and `pool_factory` each pool of
     upstreams, for the models that need them (tests hand in fakes). `lifecycle` is shared
@@ -69,15 +79,23 @@ def create_app(
             quotas = await wiring.open_quotas(settings, client)
             stack.push_async_callback(quotas.limiter.close)
             started = time.monotonic()
-            models = await wiring.open_models(settings, stack, engine_factory, pool_factory)
-            if models.local is not None and wiring.watches_engine(settings):
-                # Stopped before the engine shuts down, which it would take for a death.
-                watcher = asyncio.create_task(
-                    lifecycle.watch_engine(models.local.engine.check_health)
-                )
+            models = await wiring.open_models(
+                settings, stack, engine_factory, pool_factory, embedder_factory
+            )
+            local_engines = models.local_engines()
+            if local_engines and wiring.watches_engine(settings):
+
+                async def check_local_engines() -> None:
+                    for engine in local_engines:
+                        await engine.check_health()
+
+                # Stopped before the engines shut down, which it would take for a death.
+                watcher = asyncio.create_task(lifecycle.watch_engine(check_local_engines))
                 stack.callback(watcher.cancel)
             cache = await wiring.open_cache(settings, client)
             stack.push_async_callback(cache.close)
+            embeddings = wiring.embedding_cache(settings, client, cache)
+            stack.push_async_callback(embeddings.close)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
@@ -88,7 +106,7 @@ def create_app(
                 time.monotonic() - started,
                 ", ".join(
                     f"{m.name} (max_model_len={m.engine.max_model_len})"
-                    for m in map(models.resolve, models.names())
+                    for m in map(models.resolve_any, models.names())
                 ),
             )
             lag_watch = asyncio.create_task(watch_loop_lag())
@@ -100,6 +118,7 @@ def create_app(
             state = AppState(
                 models=models,
                 cache=cache,
+                embeddings=embeddings,
                 quotas=quotas,
                 responses=wiring.open_response_store(settings, client),
                 lifecycle=lifecycle,
@@ -118,6 +137,9 @@ def create_app(
     for routes in (
         completions.router,
         responses.router,
+        messages.router,
+        messages.counting,
+        embeddings.router,
         models.router,
         adapters.router,
         tokenize.router,

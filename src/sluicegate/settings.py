@@ -133,6 +133,38 @@ class Settings(BaseSettings):
         description="LoRA adapters kept loaded in memory, at least MAX_LORAS. Unset: MAX_LORAS.",
     )
 
+    # --- embeddings ------------------------------------------------------------------
+    embedding_model: str | None = Field(
+        default=None,
+        description="A model a second in-process vLLM engine runs with vLLM's pooling runner "
+        "(a generative checkpoint converted to embed), for /v1/embeddings: a folder, a hub id, "
+        "or `bundled` (the bundled model). Unset: no embedding engine in process.",
+    )
+    embedding_served_name: str | None = Field(
+        default=None,
+        description="The embedding engine's name in the registry. Unset: the model's name "
+        "with `-embed` appended.",
+    )
+    embedding_memory_fraction: float = Field(
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="GPU only: the share of GPU memory the embedding engine may take (the "
+        "generative engine's GPU_MEMORY_UTILIZATION must leave it).",
+    )
+    embedding_cpu_kvcache_space_gib: int = Field(
+        default=1, ge=1, description="CPU only: GiB the embedding engine reserves for its batch."
+    )
+    embedding_cache_ttl_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="How long an input's embedding is kept in the cache (embeddings are "
+        "deterministic: always cached, whatever CACHE_POLICY).",
+    )
+    max_embedding_inputs: int = Field(
+        default=2048, ge=1, le=2048, description="Inputs one embeddings request may hold."
+    )
+
     # --- upstream mode ---------------------------------------------------------------
     upstream_urls: str = Field(
         default="",
@@ -595,6 +627,14 @@ class Settings(BaseSettings):
         "a client that reads nothing, before the stream ends (its engine work is aborted) and "
         "such a connection is dropped.",
     )
+    stream_ping_after: float = Field(
+        default=5.0,
+        gt=0,
+        description="Anthropic's Messages API: seconds a stream waits for its first token "
+        "before it begins anyway, with `message_start`, then a `ping` event every as many "
+        "seconds until the token comes (an error from then on is an `error` event, and no "
+        "fallback is taken).",
+    )
 
     # --- structured outputs ----------------------------------------------------------
     structured_compact_whitespace: bool = Field(
@@ -805,6 +845,18 @@ class Settings(BaseSettings):
         if not weights:
             return [(u, 1.0) for u in urls]
         return list(zip(urls, (float(w) for w in weights), strict=True))
+
+    @property
+    def embedding_name(self) -> str | None:
+        """The in-process embedding engine's name, when there is one."""
+        if self.embedding_model is None:
+            return None
+        if self.embedding_served_name:
+            return self.embedding_served_name
+        if self.embedding_model == "bundled":
+            return f"{DEFAULT_MODEL_NAME}-embed"
+        name = Path(self.embedding_model.rstrip("/")).name or self.embedding_model
+        return f"{name}-embed"
 
     @property
     def lora_enabled(self) -> bool:

@@ -13,12 +13,14 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
+from typing import cast
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from sluicegate.cache.embedding_cache import EmbeddingCache, EmbeddingCacheConfig
 from sluicegate.cache.invalidation import InvalidationListener
 from sluicegate.cache.near import NearCache
 from sluicegate.cache.response_cache import CacheConfig, Coherence, ResponseCache
@@ -32,7 +34,7 @@ from sluicegate.conversation.store import (
 )
 from sluicegate.engine.lora import parse_lora_modules
 from sluicegate.engine.model import model_identity, resolve_model, shipped_template
-from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
 from sluicegate.engine.upstream.config import (
     AffinityConfig,
     BreakerConfig,
@@ -41,10 +43,12 @@ from sluicegate.engine.upstream.config import (
     UpstreamConfig,
 )
 from sluicegate.engine.upstream.engine import UpstreamEngine
+from sluicegate.engine.vllm_embeddings import EmbeddingConfig
 from sluicegate.engine.vllm_engine import EngineConfig, LoraConfig, VLLMEngine
 from sluicegate.errors import GatewayError
 from sluicegate.http.state import Timeouts
 from sluicegate.inference.budget import BudgetPolicy
+from sluicegate.inference.embeddings import EmbeddingLimits, EmbeddingService
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import RequestLimits
@@ -58,7 +62,7 @@ from sluicegate.models.config import (
     parse_models_file,
 )
 from sluicegate.models.registry import LocalEngine, ModelRegistry, ServiceFactory
-from sluicegate.models.served import ServedModel
+from sluicegate.models.served import ServedEmbedder, ServedModel
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
 from sluicegate.quota.quotas import ModelQuota, Quotas
 from sluicegate.quota.redis_limiter import RedisRateLimiter
@@ -179,7 +183,11 @@ def sequence_share(settings: Settings) -> SequenceShare:
 
 
 def timeouts(settings: Settings) -> Timeouts:
-    return Timeouts(request=settings.request_timeout, stream_stall=settings.stream_stall_timeout)
+    return Timeouts(
+        request=settings.request_timeout,
+        stream_stall=settings.stream_stall_timeout,
+        ping_after=settings.stream_ping_after,
+    )
 
 
 def engine_config(settings: Settings, model: str) -> EngineConfig:
@@ -431,8 +439,10 @@ def open_response_store(settings: Settings, client: redis.asyncio.Redis | None) 
 
 LocalFactory = Callable[[Settings], Awaitable[EngineClient]]
 """Starts the in-process engine (tests hand in a fake one)."""
-PoolFactory = Callable[[UpstreamConfig], Awaitable[EngineClient]]
+PoolFactory = Callable[[UpstreamConfig], Awaitable[EngineClient | EmbeddingEngine]]
 """Starts a pool of upstreams (tests hand in fakes)."""
+EmbedderFactory = Callable[[Settings], Awaitable[EmbeddingEngine]]
+"""Starts the in-process embedding engine (tests hand in a fake one)."""
 
 
 class ModelsError(Exception):
@@ -455,6 +465,7 @@ def model_entries(settings: Settings) -> list[ModelEntry]:
             check_entries(entries, str(path), reserved=adapters)
         except ModelsFileError as exc:
             raise ModelsError(str(exc)) from None
+        check_embedding_name(settings, entries)
         if adapters and not any(e.is_local for e in entries):
             raise ModelsError(
                 f"LORA_MODULES loads adapters into the in-process engine, which {path} does "
@@ -466,11 +477,29 @@ def model_entries(settings: Settings) -> list[ModelEntry]:
             raise ModelsError("LORA_MODULES needs the in-process engine; UPSTREAM_URLS is set")
         # Named once its upstreams say what they serve, unless SERVED_MODEL_NAME names it.
         upstreams = [UpstreamEntry(url=u, weight=w) for u, w in settings.upstreams]
-        return [ModelEntry.model_construct(name="", upstreams=upstreams, aliases=[], fallbacks=[])]
+        shorthand = ModelEntry.model_construct(
+            name="", upstreams=upstreams, aliases=[], fallbacks=[], kind="chat"
+        )
+        return [shorthand]
     entries = [ModelEntry(name=settings.model_name, engine="local")]
+    check_embedding_name(settings, entries)
     if settings.model_name in adapters:
         raise ModelsError(f"the adapter {settings.model_name!r} has the engine's own name")
     return entries
+
+
+def check_embedding_name(settings: Settings, entries: list[ModelEntry]) -> None:
+    """The in-process embedding engine's name is taken by no entry, alias or adapter."""
+    name = settings.embedding_name
+    if name is None:
+        return
+    taken = {n for e in entries for n in (e.name, *e.aliases)}
+    taken |= {m.name for m in parse_lora_modules(settings.lora_modules)}
+    if name in taken:
+        raise ModelsError(
+            f"the embedding engine's name {name!r} is already a model's, an alias or an "
+            "adapter (set SLUICEGATE_EMBEDDING_SERVED_NAME)"
+        )
 
 
 def uses_local_engine(entries: list[ModelEntry]) -> bool:
@@ -483,9 +512,54 @@ async def start_local_engine(settings: Settings) -> EngineClient:
     return await VLLMEngine.start(engine_config(settings, model))
 
 
-async def start_pool(config: UpstreamConfig) -> EngineClient:
+async def start_pool(config: UpstreamConfig) -> EngineClient | EmbeddingEngine:
     """The default pool factory of `create_app`: the upstreams of one model."""
     return await UpstreamEngine.start(config)
+
+
+async def start_local_embedder(settings: Settings) -> EmbeddingEngine:
+    """The default embedder factory of `create_app`: an in-process vLLM pooling engine."""
+    from sluicegate.engine.vllm_embeddings import VLLMEmbedder
+
+    return await VLLMEmbedder.start(embedding_config(settings))
+
+
+def embedding_model_folder(settings: Settings) -> str:
+    """`EMBEDDING_MODEL` resolved: `bundled` is the prepared bundled model's folder."""
+    assert settings.embedding_model is not None
+    name = None if settings.embedding_model == "bundled" else settings.embedding_model
+    return resolve_model(name, settings.model_cache_dir)
+
+
+def embedding_config(settings: Settings) -> EmbeddingConfig:
+    name = settings.embedding_name
+    assert name is not None
+    return EmbeddingConfig(
+        model=embedding_model_folder(settings),
+        served_model_name=name,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        gpu_memory_utilization=settings.embedding_memory_fraction,
+        cpu_kvcache_space_gib=settings.embedding_cpu_kvcache_space_gib,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enforce_eager=settings.enforce_eager,
+    )
+
+
+def embedding_cache(
+    settings: Settings, client: redis.asyncio.Redis | None, cache: ResponseCache
+) -> EmbeddingCache:
+    """Inputs' embeddings in the response cache's store, with their own TTL."""
+    config = EmbeddingCacheConfig(
+        prefix=settings.redis_key_prefix,
+        ttl_seconds=settings.embedding_cache_ttl_seconds,
+        per_key=cache_config(settings).per_key,
+        retry_interval=settings.cache_retry_interval,
+    )
+    return EmbeddingCache(cache.store, config)
 
 
 async def open_models(
@@ -493,32 +567,64 @@ async def open_models(
     stack: AsyncExitStack,
     local_factory: LocalFactory = start_local_engine,
     pool_factory: PoolFactory = start_pool,
+    embedder_factory: EmbedderFactory = start_local_embedder,
 ) -> ModelRegistry:
     """Start every engine the models need (at once), register their shutdowns on `stack`,
     load the start-up adapters, and build the registry."""
     entries = await asyncio.to_thread(model_entries, settings)
     local_entry = next((e for e in entries if e.is_local), None)
-    engines: dict[int, EngineClient] = {}
+    engines: dict[int, EngineClient | EmbeddingEngine] = {}
+    embedders: list[EmbeddingEngine] = []
 
     async def start(index: int, entry: ModelEntry) -> None:
+        engine: EngineClient | EmbeddingEngine
         if entry.is_local:
             named = settings.model_copy(update={"served_model_name": entry.name})
             engine = await local_factory(named)
         else:
-            engine = await pool_factory(upstream_config(settings, entry))
+            # The shorthand of `UPSTREAM_URLS` (no name yet) is all settings.
+            engine = await pool_factory(upstream_config(settings, entry if entry.name else None))
         stack.push_async_callback(engine.shutdown)
         engines[index] = engine
+
+    async def start_embedder() -> None:
+        embedder = await embedder_factory(settings)
+        stack.push_async_callback(embedder.shutdown)
+        embedders.append(embedder)
 
     async with asyncio.TaskGroup() as group:
         for index, entry in enumerate(entries):
             group.create_task(start(index, entry))
+        if settings.embedding_model is not None:
+            group.create_task(start_embedder())
     factory = service_factory(settings)
     now = int(time.time())
     models: list[ServedModel] = []
     pools: list[tuple[ServedModel, Callable[[], Iterable[str]]]] = []
+    served_embedders: list[ServedEmbedder] = []
     local: LocalEngine | None = None
+    limits = EmbeddingLimits(settings.max_embedding_inputs)
     for index, entry in enumerate(entries):
         engine = engines[index]
+        if entry.kind != "chat":
+            upstream_model = getattr(engine, "model", entry.name)
+            embedder_engine = cast(EmbeddingEngine, engine)
+            service = EmbeddingService(
+                embedder_engine, entry.name, limits, identity=f"upstream:{upstream_model}"
+            )
+            forward = engine.post_json if isinstance(engine, UpstreamEngine) else None
+            served_embedders.append(
+                ServedEmbedder(
+                    entry.name,
+                    service,
+                    upstream_model,
+                    now,
+                    _model_quota(entry.name, entry),
+                    forward=forward if entry.kind == "rerank" else None,
+                )
+            )
+            continue
+        engine = cast(EngineClient, engine)
         if entry.is_local:
             name = entry.name
             identity = await asyncio.to_thread(
@@ -544,8 +650,17 @@ async def open_models(
             local = LocalEngine(name, engine, getattr(engine, "adapters", None), identity)
         elif isinstance(engine, UpstreamEngine):
             pools.append((served, engine.listed_adapters))
+    if embedders:
+        embedding_name = settings.embedding_name
+        assert embedding_name is not None
+        folder = await asyncio.to_thread(embedding_model_folder, settings)
+        weights = await asyncio.to_thread(model_identity, folder, settings.model_cache_dir, None)
+        service = EmbeddingService(
+            embedders[0], embedding_name, limits, identity=f"embed:{weights}"
+        )
+        served_embedders.append(ServedEmbedder(embedding_name, service, folder, now, local=True))
     aliases = {alias: e.name for e in entries for alias in e.aliases}
-    registry = ModelRegistry(models, aliases, factory, local, pools)
+    registry = ModelRegistry(models, aliases, factory, local, pools, served_embedders)
     await _load_started_adapters(settings, registry, local_entry)
     return registry
 

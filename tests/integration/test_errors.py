@@ -170,7 +170,10 @@ def test_request_id_is_echoed_or_generated(base_url: str) -> None:
 
 def test_health_and_ready(base_url: str) -> None:
     assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{base_url}/ready").json() == {"status": "ready"}
+    ready = httpx.get(f"{base_url}/ready").json()
+    assert ready["status"] == "ready"
+    # Which models can serve (a vLLM server, checked with the same test, says no more).
+    assert set(ready.get("models", {}).values()) <= {"ready"}
 
 
 def test_oversize_body_is_a_413_before_it_is_read(base_url: str, model: str) -> None:

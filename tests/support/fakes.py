@@ -24,6 +24,7 @@ from sluicegate.engine.protocol import (
     ChatEncoding,
     ChatMessages,
     ChoiceDelta,
+    Embedding,
     EngineLoad,
     EngineStep,
     EngineTimes,
@@ -134,6 +135,12 @@ class FakeEngine:
         taken = time.perf_counter()  # reported as vLLM's engine reports its own times
         try:
             words = self.words[: options.max_tokens]
+            # A word that is a stop string ends the choice before it, as vLLM does (without
+            # the string), and is reported as the stop sequence that matched.
+            stopped = next((i for i, w in enumerate(words) if w.strip() in options.stop), None)
+            stop_sequence = None if stopped is None else words[stopped].strip()
+            if stopped is not None:
+                words = words[:stopped] or [""]
             for position, word in enumerate(words):
                 if self.fail_after_words is not None and position == self.fail_after_words:
                     raise EngineUnavailableError()
@@ -142,7 +149,8 @@ class FakeEngine:
                 last = position == len(words) - 1
                 reason = None
                 if last:
-                    reason = "length" if len(words) == options.max_tokens else "stop"
+                    cut = stopped is None and len(words) == options.max_tokens
+                    reason = "length" if cut else "stop"
                 yield EngineStep(
                     choices=[
                         ChoiceDelta(
@@ -153,6 +161,7 @@ class FakeEngine:
                             logprobs=None
                             if options.logprobs is None
                             else [TokenLogprob(word, -0.5, (("alt", -1.5),) * options.logprobs)],
+                            stop_sequence=stop_sequence if last else None,
                         )
                         for i in range(options.n)
                     ],
@@ -197,6 +206,51 @@ def _prompt_logprobs(
 
 
 FAKE_MODEL = "fake-model"
+FAKE_EMBEDDER = "fake-embed"
+
+
+@dataclass
+class FakeEmbedder:
+    """Embeds each prompt as a deterministic unit vector of `size` made from its token ids;
+    records every call's prompts, so a test sees what was computed."""
+
+    size: int = 8
+    max_model_len: int = 64
+    delay: float = 0.0
+    tokenizer: WhitespaceTokenizer = field(default_factory=WhitespaceTokenizer)
+    calls: list[list[Prompt]] = field(default_factory=list)
+    matryoshka: bool = False
+    healthy: bool = True
+
+    async def embed(
+        self, request_id: str, prompts: Sequence[Prompt], dimensions: int | None
+    ) -> list[Embedding]:
+        self.calls.append(list(prompts))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return [Embedding(self.vector(p.ids, dimensions), len(p.ids)) for p in prompts]
+
+    def vector(self, ids: Sequence[int], dimensions: int | None = None) -> list[float]:
+        raw = [float((sum(ids) + 1) * (k + 3) % 17 + 1) for k in range(self.size)]
+        raw = raw[: dimensions or self.size]
+        norm = sum(x * x for x in raw) ** 0.5
+        return [x / norm for x in raw]
+
+    async def check_dimensions(self, dimensions: int) -> None:
+        if not self.matryoshka or dimensions > self.size:
+            raise InvalidRequestError(
+                f"Model 'fake' does not support dimensions={dimensions}", param="dimensions"
+            )
+
+    def load(self) -> EngineLoad | None:
+        return None
+
+    async def check_health(self) -> None:
+        if not self.healthy:
+            raise EngineUnavailableError()
+
+    async def shutdown(self) -> None:
+        self.healthy = False
 
 
 @dataclass
@@ -223,21 +277,33 @@ def fake_app(
     engine: FakeEngine | None = None,
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
-    pools: dict[str, FakeEngine] | None = None,
+    pools: dict[str, FakeEngine | FakeEmbedder] | None = None,
+    embedder: FakeEmbedder | None = None,
     **settings: object,
 ) -> FastAPI:
     """The real app over `engine` (a new FakeEngine by default), serving `fake-model`.
 
     `pools`: fake engines in place of pools of upstreams, by the first upstream URL of their
-    entry in the models file (`models_file` in `settings`)."""
+    entry in the models file (`models_file` in `settings`). `embedder`: a fake in-process
+    embedding engine, served as `fake-embed`."""
     engine = engine or FakeEngine()
 
     async def factory(_: Settings) -> FakeEngine:
         return engine
 
-    async def pool_factory(config: UpstreamConfig) -> FakeEngine:
+    async def pool_factory(config: UpstreamConfig) -> FakeEngine | FakeEmbedder:
         return (pools or {})[config.urls[0][0]]
 
+    async def embedder_factory(_: Settings) -> FakeEmbedder:
+        assert embedder is not None
+        return embedder
+
+    if embedder is not None:
+        settings = {
+            "embedding_model": "bundled",
+            "embedding_served_name": FAKE_EMBEDDER,
+            **settings,
+        }
     config = Settings(served_model_name=FAKE_MODEL, _env_file=None, **settings)  # type: ignore[call-arg]
     return create_app(
         config,
@@ -245,6 +311,7 @@ def fake_app(
         lifecycle=lifecycle,
         tracer_provider=tracer_provider,
         pool_factory=pool_factory,
+        embedder_factory=embedder_factory,
     )
 
 

@@ -42,7 +42,7 @@ from sluicegate.errors import (
 from sluicegate.http.asgi import api_key_id, counted
 from sluicegate.http.cache_hits import body_fingerprint, cache_control
 from sluicegate.http.disconnect import until_disconnect
-from sluicegate.http.sse import open_event_stream
+from sluicegate.http.sse import Keepalive, open_event_stream
 from sluicegate.http.state import AppState
 from sluicegate.inference.run import Run
 from sluicegate.inference.service import DeltaSource
@@ -52,7 +52,7 @@ from sluicegate.observability.record import current_request, mark_model
 from sluicegate.observability.tracing import span
 from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import render_cached, stream_writer
+from sluicegate.wire.events import Opening, render_cached, stream_writer
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger(__name__)
@@ -268,13 +268,19 @@ class Exchange:
         events = self.model.service.stream(
             self.run, on_finish=self._finish, deltas=deltas, on_end=self._settle
         )
+        writer = stream_writer(self.run.format)
+        keepalive = None
+        if isinstance(writer, Opening):
+            every = self.state.timeouts.ping_after
+            keepalive = Keepalive(writer.opening, writer.ping(), after=every, every=every)
         return await open_event_stream(
             self.request.receive,
             events,
             headers=self.headers,
             deadline=self.deadline,
             stall_limit=self.state.timeouts.stream_stall,
-            ending=stream_writer(self.run.format),
+            ending=writer,
+            keepalive=keepalive,
         )
 
     async def collect(self, deltas: DeltaSource) -> Response:

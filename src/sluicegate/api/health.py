@@ -36,13 +36,13 @@ async def ready(state: StateDep) -> JSONResponse:
             await engine.check_health()
         except EngineUnavailableError as exc:
             problems[id(engine)] = exc
-    local = registry.local
-    if local is not None and id(local.engine) in problems:
-        return _unavailable(problems[id(local.engine)])
+    for engine in registry.local_engines():
+        if id(engine) in problems:
+            return _unavailable(problems[id(engine)])
     if len(problems) == len(engines):
         return _unavailable(next(iter(problems.values())))
     models = {
-        name: "unavailable" if id(registry.resolve(name).engine) in problems else "ready"
+        name: "unavailable" if id(registry.engine_of(name)) in problems else "ready"
         for name in registry.names()
     }
     return JSONResponse({"status": "ready", "models": models})

@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from sluicegate.api.completions import Prepared, respond
 from sluicegate.api.deps import KeyIdDep, StateDep
@@ -28,7 +27,7 @@ from sluicegate.api.route import LargeBodyRoute
 from sluicegate.conversation.fitted import fitted_items
 from sluicegate.conversation.record import StoredResponse, encode_items
 from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
-from sluicegate.http.errors import validation_param
+from sluicegate.http.errors import validated
 from sluicegate.http.state import AppState
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.models.served import ServedModel
@@ -118,15 +117,7 @@ async def delete_response(response_id: str, state: StateDep, key_id: KeyIdDep) -
 
 def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     """The chat request, validated; what it refuses is a 400 naming the Responses parameter."""
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        param = param_for(validation_param(("body", *first["loc"])))
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        raise InvalidRequestError(
-            f"Invalid value for '{param}': {msg}.", param=param, code="invalid_value"
-        ) from None
+    return validated(ChatCompletionRequest, body, param_for)
 
 
 async def _history(state: AppState, key_id: str, previous_id: str | None) -> list[Item]:

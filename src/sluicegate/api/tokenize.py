@@ -16,7 +16,7 @@ router = APIRouter(tags=["tokenize"], route_class=CountedRoute)
 
 def tokenization(state: AppState, model: str | None) -> TokenizationService:
     """The tokenizer of the request's model (an alias resolved), or of the first model."""
-    served = state.models.default if model is None else state.models.resolve(model)
+    served = state.models.default if model is None else state.models.resolve_any(model)
     return TokenizationService(served.engine)
 
 

@@ -37,6 +37,7 @@ class _Choice(_Strict):
     parts: list[str]
     num_tokens: int = Field(ge=0)
     finish_reason: str
+    stop_sequence: str | None = None
     logprobs: list[_Logprob] | None = None
     logprob_counts: list[int] | None = None
 
@@ -89,6 +90,7 @@ def encode_entry(key: str, completion: Completion, created: float) -> bytes:
             parts=c.text_parts,
             num_tokens=c.num_tokens,
             finish_reason=c.finish_reason or "stop",
+            stop_sequence=c.stop_sequence,
             logprobs=None
             if c.logprobs is None
             else [_Logprob(token=e.token, logprob=e.logprob, top=list(e.top)) for e in c.logprobs],
@@ -133,6 +135,7 @@ def decode_entry(key: str, data: bytes) -> tuple[Completion, float]:
                 num_tokens=c.num_tokens,
                 text_length=sum(len(p) for p in c.parts),
                 finish_reason=c.finish_reason,
+                stop_sequence=c.stop_sequence,
             )
         )
     return Completion(choices, entry.prompt_tokens), entry.created

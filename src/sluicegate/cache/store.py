@@ -34,6 +34,14 @@ class CacheStore(Protocol):
 
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None: ...
 
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """The values under `keys`, in order (None where there is none), in one round trip."""
+        ...
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_ms: int) -> None:
+        """Store every `(key, value)`, each for `ttl_ms`, in one round trip."""
+        ...
+
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         """Take `lock` for `ttl_ms` unless someone holds it."""
         ...
@@ -86,6 +94,13 @@ class MemoryStore:
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
         expires = self._clock() + ttl_ms / 1000
         self._entries.put(key, (expires, value), size=len(key) + len(value))
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return [await self.get(key) for key in keys]
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_ms: int) -> None:
+        for key, value in items:
+            await self.set(key, value, ttl_ms)
 
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         return True
@@ -146,6 +161,22 @@ class RedisStore:
 
     async def set(self, key: str, value: bytes, ttl_ms: int) -> None:
         await self._run(self._client.set(key, value, px=ttl_ms))
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        # A pipeline of GETs, not MGET: the keys need not share a cluster slot.
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(key)
+            values = await self._run(pipe.execute())
+        if any(v is not None and not isinstance(v, bytes) for v in values):
+            raise StoreError("GET returned a value that is not bytes")
+        return list(values)
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_ms: int) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key, value in items:
+                pipe.set(key, value, px=ttl_ms)
+            await self._run(pipe.execute())
 
     async def acquire(self, lock: str, token: str, ttl_ms: int) -> bool:
         return bool(await self._run(self._client.set(lock, token, px=ttl_ms, nx=True)))

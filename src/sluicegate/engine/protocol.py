@@ -79,6 +79,9 @@ class ChoiceDelta:
     num_tokens: int
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
+    stop_sequence: str | None = None
+    """With finish reason `stop`: the stop string that ended the choice, where the engine
+    says (vLLM does); None when it ended otherwise, or the engine does not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,5 +352,45 @@ class EngineClient(Protocol):
     async def check_health(self) -> None:
         """Raise `errors.EngineUnavailableError` unless the engine can take requests."""
         ...
+
+    async def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """One input's vector, and the tokens the engine counted for it."""
+
+    vector: list[float]
+    prompt_tokens: int
+
+
+class EmbeddingEngine(Protocol):
+    """An engine that embeds (vLLM's pooling runner, or upstreams' `/v1/embeddings`)."""
+
+    @property
+    def tokenizer(self) -> PromptTokenizer | None:
+        """The model's tokenizer; None when none is known (an upstream without one)."""
+        ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    async def embed(
+        self, request_id: str, prompts: Sequence[Prompt], dimensions: int | None
+    ) -> list[Embedding]:
+        """One embedding per prompt, in order, computed together. Raises
+        `errors.EngineUnavailableError` when the engine cannot serve, and
+        `errors.InvalidRequestError` when it refuses the input (`dimensions` it does not
+        support)."""
+        ...
+
+    async def check_dimensions(self, dimensions: int) -> None:
+        """Raise `errors.InvalidRequestError` (param `dimensions`) unless the model gives
+        vectors of that size."""
+        ...
+
+    def load(self) -> EngineLoad | None: ...
+
+    async def check_health(self) -> None: ...
 
     async def shutdown(self) -> None: ...

@@ -458,12 +458,16 @@ def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
             _token_logprob(token_id, position, top_k or 0)
             for token_id, position in zip(output.token_ids, output.logprobs, strict=False)
         ]
+    # vLLM's `stop_reason`: the stop string that matched, a stop token id, or None.
+    reason = getattr(output, "stop_reason", None)
+    stop = reason if isinstance(reason, str) else None
     return ChoiceDelta(
         index=output.index,
         text=output.text,
         num_tokens=len(output.token_ids),
         finish_reason=finish,
         logprobs=logprobs,
+        stop_sequence=stop,
     )
 
 

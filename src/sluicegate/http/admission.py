@@ -55,7 +55,7 @@ class ConnectionLimitMiddleware:
             "The server has too many open connections. Retry shortly.",
             headers={"retry-after": RETRY_AFTER_S},
         )
-        await _refuse(send, error, reason=CONNECTIONS_REFUSED)
+        await _refuse(send, error, scope, reason=CONNECTIONS_REFUSED)
 
 
 class AdmissionMiddleware:
@@ -80,15 +80,17 @@ class AdmissionMiddleware:
         key = api_key_id(scope)
         lifecycle = self.lifecycle
         if lifecycle.draining:
-            await _refuse(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}))
+            await _refuse(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}), scope)
             return
         if lifecycle.in_flight >= self.max_in_flight:
-            await _refuse(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}))
+            await _refuse(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}), scope)
             return
         per_key_limit = None if key == ANONYMOUS else self.max_per_key
         if per_key_limit is not None:
             if self.per_key.get(key, 0) >= per_key_limit:
-                await _refuse(send, ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S}))
+                await _refuse(
+                    send, ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S}), scope
+                )
                 return
             self.per_key[key] = self.per_key.get(key, 0) + 1
         lifecycle.in_flight += 1
@@ -102,6 +104,6 @@ class AdmissionMiddleware:
                     del self.per_key[key]
 
 
-async def _refuse(send: Send, error: GatewayError, reason: str | None = None) -> None:
+async def _refuse(send: Send, error: GatewayError, scope: Scope, reason: str | None = None) -> None:
     ADMISSION_REFUSED.labels(reason or error.code).inc()
-    await send_error(send, error)
+    await send_error(send, error, scope)

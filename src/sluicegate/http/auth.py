@@ -18,7 +18,8 @@ class ApiKeyMiddleware:
     """Refuse requests without a valid bearer key, except on the open paths (exact) and
     under the open prefixes (static pages, whose API calls carry the key).
 
-    Every refusal is the same 401, whether the header was absent, malformed or wrong. The
+    Every refusal is the same 401, whether the header was absent, malformed or wrong. The key
+    comes as `Authorization: Bearer <key>` or, as Anthropic's SDKs send it, `x-api-key`. The
     key's public id goes into the request state (`asgi.api_key_id`).
     """
 
@@ -46,7 +47,9 @@ class ApiKeyMiddleware:
         if caller is not None:
             set_caller(scope, caller)
         elif self.required:
-            await send_error(send, AuthenticationError(headers={"www-authenticate": "Bearer"}))
+            await send_error(
+                send, AuthenticationError(headers={"www-authenticate": "Bearer"}), scope
+            )
             return
         await self.app(scope, receive, send)
 
@@ -57,8 +60,11 @@ class ApiKeyMiddleware:
 
 
 def _bearer_token(scope: Scope) -> str:
+    """The key of `Authorization: Bearer <key>`, or of `x-api-key` (how Anthropic's SDKs send
+    it) when there is no `Authorization`."""
     value = header(scope["headers"], b"authorization")
     if value is None:
-        return ""
+        api_key = header(scope["headers"], b"x-api-key")
+        return "" if api_key is None else api_key.decode("latin-1").strip()
     scheme, _, token = value.decode("latin-1").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""

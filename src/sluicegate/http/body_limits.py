@@ -37,7 +37,7 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await send_error(send, PayloadTooLargeError(self._too_large_message()))
+            await send_error(send, PayloadTooLargeError(self._too_large_message()), scope)
             return
         try:
             if body_received(scope):
@@ -46,10 +46,10 @@ class BodyLimitMiddleware:
                 async with asyncio.timeout(self.read_timeout):
                     body = await self._take(receive)
         except TimeoutError:
-            await send_error(send, RequestTimeoutError())
+            await send_error(send, RequestTimeoutError(), scope)
             return
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, scope)
             return
         if body is None:
             # The client left: nobody reads this, but the access log and metrics count it.

@@ -70,10 +70,11 @@ class CacheHitMiddleware:
             scope["state"][_FINGERPRINT] = fingerprint
             await self.app(scope, receive, send)
             return
-        await _answer(send, state.quotas, key_id, cache, shape, hit, hit.entry)
+        await _answer(scope, send, state.quotas, key_id, cache, shape, hit, hit.entry)
 
 
 async def _answer(
+    scope: Scope,
     send: Send,
     quotas: Quotas,
     key_id: str,
@@ -89,7 +90,7 @@ async def _answer(
         cost = shape.prompt_tokens + completion.completion_tokens
         quota_headers = await quotas.admit(key_id, cost)
     except GatewayError as exc:
-        await send_error(send, exc)
+        await send_error(send, exc, scope)
         return
     body, headers = cache.answer(entry, shape)
     # No name repeats between these: body, rate limits, budget, cache.

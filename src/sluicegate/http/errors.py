@@ -1,7 +1,8 @@
-"""Where errors become OpenAI's `{"error": {...}}` body: one renderer per context.
+"""Where errors become OpenAI's `{"error": {...}}` body (Anthropic's on its Messages API's
+paths): one renderer per context.
 
 Errors are raised anywhere as the `errors` tree; which renderer sends one depends only on
-where the request is when it happens:
+where the request is when it happens, and which envelope on the path (`rendered`):
 
 - `install_error_handlers`: FastAPI's exception handlers, for errors raised in routes and
   dependencies, request validation (400) and Starlette's own 404 and 405;
@@ -16,17 +17,20 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.types import Send
+from starlette.types import Scope, Send
 
-from sluicegate.errors import GatewayError, InvalidRequestError, error_for_status
+from sluicegate.errors import GatewayError, InvalidRequestError, anthropic_error, error_for_status
 from sluicegate.http.disconnect import ClientDisconnected
 from sluicegate.observability.metrics import count_error
+from sluicegate.paths import ANTHROPIC_PATHS
 from sluicegate.wire.events import StreamWriter, error_events
 
 logger = logging.getLogger(__name__)
@@ -46,15 +50,26 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
 
 
-def error_response(error: GatewayError, status_code: int | None = None) -> JSONResponse:
+def rendered(error: GatewayError, path: str) -> tuple[int, dict[str, Any]]:
+    """The status and body of `error` on `path`: OpenAI's envelope, or Anthropic's on the
+    Messages API's paths."""
+    if path in ANTHROPIC_PATHS:
+        return anthropic_error(error)
+    return error.status_code, error.to_body()
+
+
+def error_response(
+    error: GatewayError, status_code: int | None = None, path: str = ""
+) -> JSONResponse:
     count_error(error)
-    return JSONResponse(
-        error.to_body(), status_code=status_code or error.status_code, headers=error.headers
-    )
+    status, body = rendered(error, path)
+    if status_code is not None and path not in ANTHROPIC_PATHS:
+        status = status_code
+    return JSONResponse(body, status_code=status, headers=error.headers)
 
 
 async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -62,7 +77,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "invalid JSON")
         message = f"We could not parse the JSON body of your request: {detail}."
-        return error_response(InvalidRequestError(message))
+        return error_response(InvalidRequestError(message), path=request.url.path)
     param = validation_param(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "missing":
@@ -71,7 +86,25 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         message = f"Invalid value for '{param}': {msg}."
     else:
         message = f"Invalid request body: {msg}."
-    return error_response(InvalidRequestError(message, param=param or None, code="invalid_value"))
+    error = InvalidRequestError(message, param=param or None, code="invalid_value")
+    return error_response(error, path=request.url.path)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], body: dict[str, Any], rename: Callable[[str], str]) -> M:
+    """`body` validated as `model`, for a request translated from another API's: what it
+    refuses is a 400 naming the parameter as that API calls it (`rename`)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        param = rename(validation_param(("body", *first["loc"])))
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise InvalidRequestError(
+            f"Invalid value for '{param}': {msg}.", param=param, code="invalid_value"
+        ) from None
 
 
 def validation_param(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -95,7 +128,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         message = str(exc.detail)
     error = error_for_status(exc.status_code, message)
     error.headers = dict(getattr(exc, "headers", None) or {})
-    return error_response(error, exc.status_code)
+    return error_response(error, exc.status_code, request.url.path)
 
 
 async def _client_disconnected(request: Request, exc: Exception) -> Response:
@@ -105,22 +138,23 @@ async def _client_disconnected(request: Request, exc: Exception) -> Response:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(GatewayError())
+    return error_response(GatewayError(), path=request.url.path)
 
 
 # ---- pure-ASGI middleware --------------------------------------------------------------------
 
 
-async def send_error(send: Send, error: GatewayError) -> None:
+async def send_error(send: Send, error: GatewayError, scope: Scope | None = None) -> None:
     """Answer with `error` from pure-ASGI middleware, where FastAPI's handlers don't reach."""
     count_error(error)
-    body = json.dumps(error.to_body()).encode()
+    status, content = rendered(error, "" if scope is None else scope.get("path", ""))
+    body = json.dumps(content).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         *((k.lower().encode(), v.encode()) for k, v in error.headers.items()),
     ]
-    await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

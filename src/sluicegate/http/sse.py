@@ -6,6 +6,10 @@
 - `EventStreamResponse` sends events as they come. It watches the connection while it
   streams: when the client leaves, the event source is cancelled, which closes the engine
   generator and aborts the request in the engine.
+- A stream with a keep-alive (`Keepalive`: Anthropic's Messages API) whose first event takes
+  longer than `after` begins anyway: its opening events (`message_start`), then a ping every
+  `every` seconds until the first event; errors from then on are error events. The first
+  event's own time limit still holds.
 - An error raised after the first byte cannot change the status any more; it is sent as an
   OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`);
   a stream with a writer of its own (`ending`: the Responses API's) ends as that renders it.
@@ -21,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from sluicegate.errors import DeadlineExceededError, GatewayError
-from sluicegate.http.disconnect import ClientDisconnected, until_disconnect
+from sluicegate.http.disconnect import ClientDisconnected, until_disconnect, wait_for_disconnect
 from sluicegate.http.errors import send_error_event
 from sluicegate.wire.events import SSE_DONE, SSE_HEADERS, StreamWriter
 
@@ -43,6 +48,17 @@ class SendStalled(Exception):
     """A `send` did not complete in time: the client is not reading."""
 
 
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """How a stream whose first event is slow begins anyway: `opening()`'s events after
+    `after` seconds without one, then `ping` every `every` seconds until it comes."""
+
+    opening: Callable[[], bytes]
+    ping: bytes
+    after: float
+    every: float
+
+
 class EventStreamResponse(Response):
     """`text/event-stream` response over an async iterator of framed events."""
 
@@ -56,11 +72,15 @@ class EventStreamResponse(Response):
         deadline: float | None = None,
         stall_timeout: float | None = None,
         ending: StreamWriter | None = None,
+        pending: asyncio.Future[bytes] | None = None,
+        keepalive: Keepalive | None = None,
+        first_by: float | None = None,
     ):
         """`deadline` is an event-loop time by which the stream must end; `stall_timeout` the
         longest wait for the next event, and for each send. Either ends the stream with an
         error event, which closes the source and aborts the engine request. `ending` renders
-        the stream's end (`[DONE]`, or the error events) when it is not a chat stream's."""
+        the stream's end (`[DONE]`, or the error events) when it is not a chat stream's.
+        `pending`: the first event, still awaited (with `keepalive`, by `first_by`)."""
         # Like Starlette's StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
@@ -71,6 +91,9 @@ class EventStreamResponse(Response):
         self._stall_timeout = stall_timeout
         self._ending = ending
         self._started = False
+        self._pending = pending
+        self._keepalive = keepalive
+        self._first_by = first_by
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -110,6 +133,11 @@ class EventStreamResponse(Response):
                 start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
                 await watchdog.send(send, start)
                 self._started = True
+                if self._pending is not None:
+                    first = await self._kept_alive(send, watchdog)
+                    if first is None:
+                        return None
+                    self._first = first
                 if self._first:
                     await watchdog.send(send, _event(self._first))
                 while True:
@@ -134,6 +162,31 @@ class EventStreamResponse(Response):
                 return GatewayError()
             finally:
                 watchdog.close()
+                if self._pending is not None and not self._pending.done():
+                    # The source cannot be closed while its first event is being made.
+                    self._pending.cancel()
+                    await asyncio.wait({self._pending})
+
+    async def _kept_alive(self, send: Send, watchdog: _Watchdog) -> bytes | None:
+        """The first event, pinging while it is awaited; None when the source ended without
+        one. Raises what making it raised, and `DeadlineExceededError` past its time limit."""
+        pending, keepalive = self._pending, self._keepalive
+        assert pending is not None and keepalive is not None
+        loop = asyncio.get_running_loop()
+        await watchdog.send(send, _event(keepalive.opening() + keepalive.ping))
+        while True:
+            wait = keepalive.every
+            if self._first_by is not None:
+                wait = min(wait, self._first_by - loop.time())
+            if wait <= 0:
+                raise DeadlineExceededError(_STALLED)
+            done, _ = await asyncio.wait({pending}, timeout=wait)
+            if done:
+                try:
+                    return pending.result()
+                except StopAsyncIteration:
+                    return None
+            await watchdog.send(send, _event(keepalive.ping))
 
 
 class _Watchdog:
@@ -214,12 +267,18 @@ async def open_event_stream(
     deadline: float | None = None,
     stall_limit: float | None = None,
     ending: StreamWriter | None = None,
+    keepalive: Keepalive | None = None,
 ) -> EventStreamResponse:
-    """The response for `events`, once the first of them has come (see the module doc).
+    """The response for `events`, once the first of them has come, or with `keepalive`, once
+    it has been awaited for `keepalive.after` seconds (see the module doc).
 
     `deadline` is the event-loop time by which the whole stream must end."""
     loop = asyncio.get_running_loop()
     wait = next_deadline(loop.time(), deadline, stall_limit)
+    if keepalive is not None:
+        return await _open_kept_alive(
+            receive, events, headers, deadline, stall_limit, ending, keepalive, wait
+        )
     try:
         first = await until_disconnect(
             receive, anext(events), None if wait is None else wait - loop.time()
@@ -237,3 +296,76 @@ async def open_event_stream(
         stall_timeout=stall_limit,
         ending=ending,
     )
+
+
+async def _open_kept_alive(
+    receive: Receive,
+    events: AsyncGenerator[bytes, None],
+    headers: Mapping[str, str] | None,
+    deadline: float | None,
+    stall_limit: float | None,
+    ending: StreamWriter | None,
+    keepalive: Keepalive,
+    wait: float | None,
+) -> EventStreamResponse:
+    """`open_event_stream` with a keep-alive: the first event awaited for `keepalive.after`
+    seconds at most before the response begins without it."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[bytes] = asyncio.ensure_future(anext(events))
+    limit = keepalive.after if wait is None else min(keepalive.after, wait - loop.time())
+    try:
+        done = await _settled(receive, pending, limit)
+    except BaseException:
+        await events.aclose()
+        raise
+    if not done and (wait is None or loop.time() < wait):
+        return EventStreamResponse(
+            events,
+            headers=headers,
+            deadline=deadline,
+            stall_timeout=stall_limit,
+            ending=ending,
+            pending=pending,
+            keepalive=keepalive,
+            first_by=wait,
+        )
+    try:
+        if not done:
+            raise DeadlineExceededError()
+        first = pending.result()
+    except StopAsyncIteration:
+        first = b""
+    except BaseException:
+        await events.aclose()
+        raise
+    return EventStreamResponse(
+        events,
+        first=first,
+        headers=headers,
+        deadline=deadline,
+        stall_timeout=stall_limit,
+        ending=ending,
+    )
+
+
+async def _settled(receive: Receive, pending: asyncio.Future[bytes], seconds: float) -> bool:
+    """Whether `pending` is done within `seconds`. If the client leaves first, it is cancelled
+    (and awaited) and `ClientDisconnected` raised; past `seconds`, it goes on."""
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait(
+            (pending, watcher), timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED
+        )
+    except asyncio.CancelledError:
+        watcher.cancel()
+        pending.cancel()
+        await asyncio.wait({pending})
+        raise
+    watcher.cancel()
+    if pending.done():
+        return True
+    if watcher.done() and not watcher.cancelled():
+        pending.cancel()
+        await asyncio.wait({pending})
+        raise ClientDisconnected()
+    return False

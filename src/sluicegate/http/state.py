@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
+from sluicegate.cache.embedding_cache import EmbeddingCache
 from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.conversation.store import ResponseStore
 from sluicegate.lifecycle import Lifecycle
@@ -26,6 +27,9 @@ class Timeouts:
     """Seconds one request, streamed or not, may take (504)."""
     stream_stall: float
     """Seconds a stream may go without an event before it ends."""
+    ping_after: float = 5.0
+    """Seconds a stream that pings (Anthropic's) waits for its first output before it begins
+    with pings instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,8 @@ class AppState:
     models: ModelRegistry
     """Every name a request may give as `model`, and what serves it."""
     cache: ResponseCache
+    embeddings: EmbeddingCache
+    """Each input's embedding, in the response cache's store."""
     quotas: Quotas
     responses: ResponseStore
     """Stored responses of the Responses API."""

@@ -1,13 +1,13 @@
 """Per-request telemetry as pure-ASGI middleware: request metrics and one access-log line.
 
 For every HTTP request: `sluicegate_requests_total{endpoint, model, status}`, and for the
-inference routes the end-to-end latency of successes and the client disconnects (the in-flight
-gauge counts from when the route knows the model: `record.mark_model`). `endpoint` is the
-route template (`/v1/models/{model_id}`), never the raw path; `model` is the model the request
-was routed to (a registry name, never an alias or what the client typed) on the inference
-routes, and empty elsewhere or when it was refused before routing, so labels stay few. A
-response that never completes, because the client left, counts as status 499, like a
-non-streamed request whose client left.
+inference routes the in-flight gauge (under no model until the route knows which:
+`record.mark_model`), the end-to-end latency of successes and the client disconnects.
+`endpoint` is the route template (`/v1/models/{model_id}`), never the raw path; `model` is
+the model the request was routed to (a registry name, never an alias or what the client
+typed) on the inference routes, and empty elsewhere or when it was refused before routing,
+so labels stay few. A response that never completes, because the client left, counts as
+status 499, like a non-streamed request whose client left.
 
 The access line carries the request id, trace id, status, model, token counts, TTFT, total
 time and cache outcome (the `X-Cache` response header). Never a body, a header value other
@@ -34,6 +34,7 @@ from sluicegate.observability.record import (
     RequestRecord,
     close_request,
     end_model,
+    enter_in_flight,
     open_request,
 )
 from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
@@ -86,6 +87,8 @@ class TelemetryMiddleware:
             await send(message)
 
         token = open_request(record)
+        if scope["path"] in INFERENCE_PATHS:
+            enter_in_flight(record)
         try:
             await self.app(scope, receive, observed_send)
         except BaseException:

@@ -140,6 +140,25 @@ class CompletionService:
         prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
         return self._prepared(request, fmt, prompts, options, arrival_time, fitted.report)
 
+    async def count_chat(self, request: ChatCompletionRequest) -> int:
+        """The prompt tokens the token budget counts for `request` before fitting it: its
+        messages through the chat template, its tools included (Anthropic's
+        `count_tokens`)."""
+        if self._tokenizer is None:
+            raise InvalidRequestError(
+                "This model's tokens cannot be counted here: its upstreams have no /tokenize "
+                "and no tokenizer is configured for it."
+            )
+        if len(request.messages) > self._limits.max_messages:
+            raise InvalidRequestError(
+                f"At most {self._limits.max_messages} messages are accepted.", param="messages"
+            )
+        tools = request.tool_setup(self._limits.tools)
+        encoding = await self._tokenizer.encode_chat_counted(
+            request.prompt_messages(), ids_up_to=0, tools=tools.tools
+        )
+        return encoding.length
+
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         arrival_time = time.time()
         batch = request.prompts()

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, EngineClient, PromptTokenizer
+from sluicegate.engine.protocol import (
+    MAX_TOKEN_CHARS,
+    EmbeddingEngine,
+    EngineClient,
+    PromptTokenizer,
+)
 from sluicegate.errors import InvalidRequestError
 from sluicegate.wire.tokenize import DetokenizeRequest, TokenizeRequest
 
 
 class TokenizationService:
-    def __init__(self, engine: EngineClient):
+    def __init__(self, engine: EngineClient | EmbeddingEngine):
         """The tokenizer of `engine`: the registry has resolved the request's model to it."""
         self._engine = engine
 

@@ -77,6 +77,10 @@ class ModelEntry(BaseModel):
     """The context window when the upstreams do not say (vLLM's `/v1/models` does)."""
     fallbacks: list[str] = []
     rate_limit: ModelRateLimit | None = None
+    kind: Literal["chat", "embedding", "rerank"] = "chat"
+    """What the model serves: chat and text completions (and the Messages API); embeddings
+    (and rerank and score from them); or rerank and score from a cross-encoder, asked of
+    the upstreams as they come."""
 
     @field_validator("name", "aliases", "fallbacks", mode="after")
     @classmethod
@@ -120,6 +124,11 @@ def check_entries(
         where = f"{source}, model {entry.name!r}"
         if entry.is_local == bool(entry.upstreams):
             raise ModelsFileError(f"{where}: give either `upstreams` or `engine: local`")
+        if entry.is_local and entry.kind != "chat":
+            raise ModelsFileError(
+                f"{where}: the in-process embedding engine is SLUICEGATE_EMBEDDING_MODEL's, "
+                "not an entry's"
+            )
         if entry.is_local and (entry.tokenizer or entry.upstream_model or entry.api_key_env):
             raise ModelsFileError(
                 f"{where}: tokenizer, upstream_model and api_key_env are for upstreams; "
@@ -142,6 +151,16 @@ def check_entries(
                 hint = f" ({fallback!r} is {alias_of}: name the model)" if alias_of else ""
                 raise ModelsFileError(
                     f"{source}, model {entry.name!r}: fallback {fallback!r} is no model{hint}"
+                )
+            if entry.kind != "chat":
+                raise ModelsFileError(
+                    f"{source}, model {entry.name!r}: an embedding model takes no fallbacks "
+                    "(another model's vectors are in another space)"
+                )
+            if by_name[fallback].kind != entry.kind:
+                raise ModelsFileError(
+                    f"{source}, model {entry.name!r}: fallback {fallback!r} serves "
+                    f"{by_name[fallback].kind}, not {entry.kind}"
                 )
     for entry in entries:
         cycle = _cycle_from(entry.name, by_name)

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
 from sluicegate.engine.vllm_adapters import LoadedAdapters
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
 from sluicegate.inference.service import CompletionService
-from sluicegate.models.served import ServedModel
+from sluicegate.models.served import ServedEmbedder, ServedModel
 from sluicegate.wire.formats import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -46,28 +46,53 @@ class ModelRegistry:
         factory: ServiceFactory,
         local: LocalEngine | None = None,
         pools: Iterable[tuple[ServedModel, Callable[[], Iterable[str]]]] = (),
+        embedders: Iterable[ServedEmbedder] = (),
     ) -> None:
         """`aliases`: alias -> model name. `pools`: each pool model, with what lists the
-        adapters its upstreams serve."""
+        adapters its upstreams serve. `embedders`: the embedding models."""
+        self._embedders: dict[str, ServedEmbedder] = {e.name: e for e in embedders}
         self._models: dict[str, ServedModel] = {m.name: m for m in models}
         self._aliases = dict(aliases)
         self._factory = factory
         self.local = local
         self._pools = list(pools)
         self._pool_adapters: dict[str, ServedModel] = {}
-        self.default = next(iter(self._models.values()))
+        first: list[ServedModel | ServedEmbedder] = [*self._models.values()]
+        self.default = (first or list(self._embedders.values()))[0]
         """The first model: what answers where a request names none (`/tokenize`)."""
 
     # ---- resolving ---------------------------------------------------------------------------
 
     def resolve(self, name: str) -> ServedModel:
-        """The model `name` (an alias resolved), or `ModelNotFoundError` (404)."""
+        """The generative model `name` (an alias resolved), or `ModelNotFoundError` (404);
+        an embedding model's name is a 400 that says what it serves."""
         found = self._models.get(self._aliases.get(name, name))
         if found is None:
             found = self._pool_adapter(name)
         if found is None:
+            if self._aliases.get(name, name) in self._embedders:
+                raise InvalidRequestError(
+                    f"The model `{name}` serves embeddings (/v1/embeddings), not completions.",
+                    param="model",
+                )
             raise ModelNotFoundError(f"The model `{name}` does not exist.", param="model")
         return found
+
+    def resolve_embedder(self, name: str) -> ServedEmbedder:
+        """The embedding model `name` (an alias resolved), or `ModelNotFoundError`; a
+        generative model's name is a 400 that says what it serves."""
+        found = self._embedders.get(self._aliases.get(name, name))
+        if found is None:
+            self.resolve(name)  # 404 if it is nothing at all
+            raise InvalidRequestError(
+                f"The model `{name}` does not serve embeddings.", param="model"
+            )
+        return found
+
+    def resolve_any(self, name: str) -> ServedModel | ServedEmbedder:
+        """Whatever model `name` is (for `/tokenize`)."""
+        found = self._embedders.get(self._aliases.get(name, name))
+        return found if found is not None else self.resolve(name)
 
     def chain(self, name: str) -> list[ServedModel]:
         """The model `name`, then its fallbacks in order (theirs after each, depth first), each
@@ -96,31 +121,50 @@ class ModelRegistry:
             return False
 
     def names(self) -> list[str]:
-        """Every name a metric may carry: models and adapters (not aliases)."""
-        return [*self._models, *self._pool_adapters]
+        """Every name a metric may carry: models, adapters, embedding models (not aliases)."""
+        return [*self._models, *self._pool_adapters, *self._embedders]
 
     def cards(self) -> list[ModelCard]:
-        """`/v1/models`: every model, adapter and alias."""
+        """`/v1/models`: every model, adapter, embedding model and alias."""
         self._refresh_pool_adapters()
-        cards = [m.card() for m in (*self._models.values(), *self._pool_adapters.values())]
+        served: list[ServedModel | ServedEmbedder] = [
+            *self._models.values(),
+            *self._pool_adapters.values(),
+            *self._embedders.values(),
+        ]
+        cards = [m.card() for m in served]
         for alias, target in self._aliases.items():
-            card = self._models[target].card()
+            card = (self._models.get(target) or self._embedders[target]).card()
             cards.append({**card, "id": alias})
         return cards
 
-    def engines(self) -> list[EngineClient]:
+    def engines(self) -> list[EngineClient | EmbeddingEngine]:
         """Each engine once."""
-        unique: dict[int, EngineClient] = {}
-        for model in self._models.values():
+        unique: dict[int, EngineClient | EmbeddingEngine] = {}
+        served: list[ServedModel | ServedEmbedder] = [*self._models.values()]
+        for model in [*served, *self._embedders.values()]:
             unique.setdefault(id(model.engine), model.engine)
         return list(unique.values())
+
+    def local_engines(self) -> list[EngineClient | EmbeddingEngine]:
+        """The in-process engines: the generative one and the embedding one, where there
+        are (the gateway ends when one dies)."""
+        found: list[EngineClient | EmbeddingEngine] = []
+        if self.local is not None:
+            found.append(self.local.engine)
+        found += [e.engine for e in self._embedders.values() if e.local]
+        return found
+
+    def engine_of(self, name: str) -> EngineClient | EmbeddingEngine:
+        """The engine behind a name of `names()`."""
+        return self.resolve_any(name).engine
 
     # ---- adapters of the in-process engine ---------------------------------------------------
 
     async def load_adapter(self, name: str, path: str) -> ServedModel:
         """Load a LoRA adapter into the in-process engine as the model `name`."""
         local = self._local_adapters()
-        if name in self._models or name in self._aliases:
+        if name in self._models or name in self._aliases or name in self._embedders:
             raise InvalidRequestError(
                 f"The name {name!r} is already served (a model, alias or adapter).",
                 param="lora_name",
@@ -194,7 +238,8 @@ class ModelRegistry:
         current: dict[str, ServedModel] = {}
         for pool, listed in self._pools:
             for name in listed():
-                if name in self._models or name in self._aliases or name in current:
+                taken = name in self._models or name in self._aliases or name in current
+                if taken or name in self._embedders:
                     continue
                 known = self._pool_adapters.get(name)
                 if known is None or known.parent != pool.name:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sluicegate.engine.protocol import EngineClient
+from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
+from sluicegate.inference.embeddings import EmbeddingService
 from sluicegate.inference.service import CompletionService
 from sluicegate.quota.quotas import ModelQuota
 from sluicegate.wire.formats import ModelCard
@@ -45,5 +48,39 @@ class ServedModel:
             "owned_by": "sluicegate",
             "root": self.root,
             "parent": self.parent,
+            "max_model_len": self.engine.max_model_len,
+        }
+
+
+Forward = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServedEmbedder:
+    """An embedding model as requests reach it: its service (one engine, one tokenizer, one
+    window) and its card."""
+
+    name: str
+    service: EmbeddingService
+    root: str
+    created: int
+    quota: ModelQuota | None = None
+    local: bool = False
+    forward: Forward | None = None
+    """For a pool of cross-encoders (`kind: rerank`): asks its upstreams a request as it is
+    (`path`, `body`), for rerank and score."""
+
+    @property
+    def engine(self) -> EmbeddingEngine:
+        return self.service.engine
+
+    def card(self) -> ModelCard:
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "sluicegate",
+            "root": self.root,
+            "parent": None,
             "max_model_len": self.engine.max_model_len,
         }

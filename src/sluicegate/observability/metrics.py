@@ -83,9 +83,21 @@ REQUEST_DURATION = Histogram(
 )
 REQUESTS_IN_FLIGHT = Gauge(
     "sluicegate_requests_in_flight",
-    "Inference requests being served, by the model they were routed to (from when their "
-    "model is known until they end).",
+    "Inference requests being served, by the model they were routed to (empty until the "
+    "route knows it, and for requests refused before).",
     ["model"],
+)
+EMBEDDING_INPUTS = Counter(
+    "sluicegate_embedding_inputs_total",
+    "Embedding inputs by model and where their vector came from: `cached` (the embedding "
+    "cache) or `computed` (the engine; identical inputs of one request, or of requests in "
+    "flight together, count once).",
+    ["model", "outcome"],
+)
+EMBEDDING_STORE_ERRORS = Counter(
+    "sluicegate_embedding_cache_store_errors_total",
+    "Embedding cache reads and writes the store failed or answered too late (every input is "
+    "then computed).",
 )
 MODEL_FALLBACKS = Counter(
     "sluicegate_model_fallbacks_total",

@@ -37,10 +37,19 @@ class RequestRecord:
     first_byte: float | None = None
     model: str | None = None
     """The served model the request was routed to (its metrics' `model` label)."""
+    in_flight: str | None = None
+    """The `model` label it counts in flight under, while it does."""
 
     def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens
         self.completion_tokens = (self.completion_tokens or 0) + completion_tokens
+
+
+def enter_in_flight(record: RequestRecord) -> None:
+    """An inference request has arrived: it counts in flight, under no model until its route
+    knows which (`mark_model`)."""
+    record.in_flight = ""
+    _in_flight("").inc()
 
 
 def mark_model(name: str) -> None:
@@ -49,16 +58,18 @@ def mark_model(name: str) -> None:
     record = _current.get()
     if record is None or record.model == name:
         return
-    if record.model is not None:
-        _in_flight(record.model).dec()
     record.model = name
-    _in_flight(name).inc()
+    if record.in_flight is not None:
+        _in_flight(record.in_flight).dec()
+        record.in_flight = name
+        _in_flight(name).inc()
 
 
 def end_model(record: RequestRecord) -> None:
-    """The request has ended: it is no longer in flight for its model."""
-    if record.model is not None:
-        _in_flight(record.model).dec()
+    """The request has ended: it is no longer in flight."""
+    if record.in_flight is not None:
+        _in_flight(record.in_flight).dec()
+        record.in_flight = None
 
 
 _IN_FLIGHT: dict[str, Gauge] = {}

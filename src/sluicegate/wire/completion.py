@@ -40,6 +40,8 @@ class ChoiceState:
     token_text_length: int = 0
     """The length of the token strings reported with logprobs (where offsets continue)."""
     finish_reason: str | None = None
+    stop_sequence: str | None = None
+    """The stop string that ended the choice, where the engine said."""
     retain: bool = True
     render: Any = None
     """The response format's own state for this choice in a stream (a tool-call scanner)."""
@@ -76,7 +78,13 @@ class ChoiceState:
 
     def end(self) -> ChoiceDelta:
         """The delta that closes this choice: its token count and finish reason."""
-        return ChoiceDelta(self.index, "", self.num_tokens, cast(FinishReason, self.finish_reason))
+        return ChoiceDelta(
+            self.index,
+            "",
+            self.num_tokens,
+            cast(FinishReason, self.finish_reason),
+            stop_sequence=self.stop_sequence,
+        )
 
 
 class Collector:
@@ -92,6 +100,7 @@ class Collector:
         state.add(delta)
         if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
+            state.stop_sequence = delta.stop_sequence
 
     def completion(self, prompt_tokens: int) -> Completion:
         return Completion([self._states[k] for k in sorted(self._states)], prompt_tokens)

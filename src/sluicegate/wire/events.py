@@ -57,6 +57,23 @@ class OwnStream(Protocol):
     def stream_writer(self) -> StreamWriter: ...
 
 
+@runtime_checkable
+class Opening(Protocol):
+    """A stream writer whose stream may begin before its first output (Anthropic's: the
+    `message_start` event, then pings): `http.sse.Keepalive`."""
+
+    def opening(self) -> bytes: ...
+
+    def ping(self) -> bytes: ...
+
+
+@runtime_checkable
+class CacheAware(Protocol):
+    """A format whose answer says when it came from the response cache (Anthropic's usage)."""
+
+    def answered_from_cache(self) -> None: ...
+
+
 def stream_writer(fmt: ResponseFormat) -> StreamWriter:
     """The writer of a stream in `fmt`."""
     return fmt.stream_writer() if isinstance(fmt, OwnStream) else EventWriter(fmt)
@@ -89,6 +106,7 @@ class EventWriter:
             yield from fmt.delta_chunks(state, delta)
         if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
+            state.stop_sequence = delta.stop_sequence
             yield from fmt.finish_chunks(state)
 
     def completion(self, prompt_tokens: int) -> Completion:
@@ -140,6 +158,8 @@ def render_cached(
 ) -> RenderedAnswer:
     """A cached completion as the whole response body: the stream it was (with `[DONE]`), or
     the JSON body."""
+    if isinstance(fmt, CacheAware):
+        fmt.answered_from_cache()
     if stream:
         body = replay_events(fmt, completion, include_usage)
         return RenderedAnswer(body, {"content-type": "text/event-stream", **SSE_HEADERS})

@@ -15,6 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.keys import ApiKeyError, ApiKeyring, key_id
+from sluicegate.paths import ANTHROPIC_PATHS
 from sluicegate.settings import Settings, describe_error
 from tests.support.fakes import FAKE_MODEL, fake_app
 
@@ -57,7 +58,7 @@ BAD_HEADERS = [
 def test_every_route_but_the_probes_and_the_playground_needs_a_key(
     client: TestClient, headers: dict[str, str]
 ) -> None:
-    reference = None
+    references: dict[bool, bytes] = {}
     for method, path in [*every_route(client), ("GET", "/playgroundx"), ("GET", "/playground/")]:
         response = client.request(method, path, headers=headers, json={})
         if path in (
@@ -73,11 +74,11 @@ def test_every_route_but_the_probes_and_the_playground_needs_a_key(
         assert response.status_code == 401, (method, path)
         assert response.headers["www-authenticate"] == "Bearer"
         assert "x-request-id" in response.headers
-        if reference is None:
-            reference = response.content
+        # The same everywhere, in the envelope of the API the path belongs to.
+        reference = references.setdefault(path in ANTHROPIC_PATHS, response.content)
         assert response.content == reference, "every refusal looks the same"
-    assert reference is not None
-    assert b'"code": "invalid_api_key"' in reference
+    assert b'"code": "invalid_api_key"' in references[False]
+    assert b'"type": "authentication_error"' in references[True]
 
 
 def test_a_plain_or_hashed_key_opens_the_api(client: TestClient) -> None:

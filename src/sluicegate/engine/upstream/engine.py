@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from sluicegate.engine.protocol import (
+    Embedding,
     EngineLoad,
     EngineStep,
     Prompt,
@@ -252,6 +253,116 @@ class UpstreamEngine:
                     yield step
             return
 
+    async def embed(
+        self, request_id: str, prompts: Sequence[Prompt], dimensions: int | None
+    ) -> list[Embedding]:
+        """The upstreams' `/v1/embeddings` for every prompt in one request (token ids where
+        the pool has a tokenizer, else the texts), with the pool's retries and breakers. Each
+        input's tokens: its ids, or without ids its share of the upstream's count by
+        length."""
+        texts = [p.text or "" for p in prompts]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": [p.ids if p.ids else p.text or "" for p in prompts],
+            "encoding_format": "float",
+        }
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        answer = await self.post_json("/embeddings", body)
+        try:
+            data = sorted(answer["data"], key=lambda item: int(item["index"]))
+            vectors = [[float(x) for x in item["embedding"]] for item in data]
+            total = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadGatewayError("The upstream answered embeddings in another shape.") from exc
+        if len(vectors) != len(prompts):
+            raise BadGatewayError(
+                f"The upstream answered {len(vectors)} embeddings for {len(prompts)} inputs."
+            )
+        counts = [p.length for p in prompts]
+        if not all(counts):
+            length = sum(len(t) for t in texts) or 1
+            counts = [
+                p.length or round(total * len(t) / length)
+                for p, t in zip(prompts, texts, strict=True)
+            ]
+        return [Embedding(v, c) for v, c in zip(vectors, counts, strict=True)]
+
+    async def check_dimensions(self, dimensions: int) -> None:
+        """The upstream checks `dimensions` itself; its refusal is a 400 from it."""
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `body` to `path` (under /v1) on an upstream the balancer picks, with the
+        pool's retries, breakers and error mapping, and its JSON answer."""
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        self._budget.deposit()
+        tried: set[int] = set()
+        attempt = 0
+        last: _Failure | None = None
+        while True:
+            index = self._balancer.pick(None, tried)
+            if index is None:
+                raise _unavailable(last)
+            tried.add(index)
+            upstream = self._upstreams[index]
+            ticket = upstream.breaker.acquire()
+            if ticket is None:
+                if len(tried) == len(self._upstreams):
+                    raise _unavailable(last)
+                continue
+            exchange = _Exchange(upstream, ticket, StreamReader(choices=1))
+            try:
+                return await self._json_try(exchange, path, content)
+            except _TryFailed as failed:
+                last = failed.failure
+                delay = self._retry_delay(upstream, failed.failure, attempt, tried)
+                if delay is None:
+                    raise failed.failure.error from None
+                metrics.UPSTREAM_RETRIES.labels(upstream.label, failed.failure.outcome).inc()
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _json_try(self, exchange: _Exchange, path: str, content: bytes) -> dict[str, Any]:
+        upstream = exchange.upstream
+        upstream.in_flight += 1
+        metrics.UPSTREAM_IN_FLIGHT.labels(upstream.label).inc()
+        sent = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            try:
+                response = await self._send(exchange, path, content)
+            except (_TryFailed, GatewayError):
+                outcome = "failed"
+                raise
+            try:
+                raw = await response.aread()
+                answer = json.loads(raw)
+            except httpx.TimeoutException as exc:
+                outcome = "failed"
+                raise self._stalled(exchange) from exc
+            except (httpx.TransportError, ValueError) as exc:
+                error: GatewayError = BadGatewayError(
+                    f"The upstream server failed while answering: {exc}"
+                )
+                outcome = "failed"
+                raise self._failed(exchange, "stream_error", error, True, detail=exc) from exc
+            if not isinstance(answer, dict):
+                outcome = "failed"
+                error = BadGatewayError("The upstream answered something that is not an object.")
+                raise self._failed(exchange, "stream_error", error, False)
+            metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(upstream.label).observe(
+                time.perf_counter() - sent
+            )
+            outcome = "ok"
+            upstream.breaker.success(exchange.ticket)
+            _count(upstream.label, "ok")
+            return answer
+        finally:
+            if outcome == "cancelled":
+                upstream.breaker.release(exchange.ticket)
+                _count(upstream.label, "cancelled")
+            await self._end(exchange)
+
     async def check_structured(self, structured: StructuredOutput) -> None:
         """The upstream checks its constraints itself; its refusal is a 400 from it."""
 
@@ -280,6 +391,27 @@ class UpstreamEngine:
         upstream.in_flight += 1
         metrics.UPSTREAM_IN_FLIGHT.labels(label).inc()
         sent = time.perf_counter()
+        response = await self._send(exchange, path, content)
+        exchange.events = self._events(exchange.reader, response)
+        try:
+            first = await anext(exchange.events)
+        except StopAsyncIteration:
+            first = exchange.reader.finish()  # a stream without output
+        except httpx.TimeoutException as exc:
+            raise self._stalled(exchange) from exc
+        except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
+            reset = isinstance(exc, httpx.TransportError)
+            error = BadGatewayError(f"The upstream server failed before answering: {exc}")
+            raise self._failed(
+                exchange, "reset" if reset else "stream_error", error, reset, detail=exc
+            ) from exc
+        metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
+        return first
+
+    async def _send(self, exchange: _Exchange, path: str, content: bytes) -> httpx.Response:
+        """Send the request and take the answer's status: `_TryFailed` if it could not be
+        sent or the upstream refused it in a way to try again, its error if to pass on."""
+        upstream = exchange.upstream
         try:
             # No X-Request-Id: llama.cpp's server refuses one that is not a UUID (400, no body).
             request = upstream.client.build_request(
@@ -296,21 +428,7 @@ class UpstreamEngine:
             raise self._failed(exchange, "reset", error, True, detail=exc) from exc
         if exchange.response.status_code != 200:
             await self._refused(exchange, exchange.response)
-        exchange.events = self._events(exchange.reader, exchange.response)
-        try:
-            first = await anext(exchange.events)
-        except StopAsyncIteration:
-            first = exchange.reader.finish()  # a stream without output
-        except httpx.TimeoutException as exc:
-            raise self._stalled(exchange) from exc
-        except (httpx.TransportError, UpstreamStreamError, ValueError) as exc:
-            reset = isinstance(exc, httpx.TransportError)
-            error = BadGatewayError(f"The upstream server failed before answering: {exc}")
-            raise self._failed(
-                exchange, "reset" if reset else "stream_error", error, reset, detail=exc
-            ) from exc
-        metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
-        return first
+        return exchange.response
 
     async def _rest(
         self, exchange: _Exchange, first: EngineStep

@@ -236,6 +236,9 @@ class StreamReader:
                     yield delta
                 continue
             delta.finish_reason = _FINISH.get(str(reason), "stop")
+            # vLLM's servers say which stop string matched (`stop_reason`); others do not.
+            stop = choice.get("stop_reason")
+            delta.stop_sequence = stop if isinstance(stop, str) else None
             self.held.append(delta)
 
 

@@ -1,5 +1,6 @@
-"""LoRA adapters on the in-process engine, against vLLM's own server with the same adapters, and
-an upstream pool beside the engine in one gateway.
+"""The in-process engine against vLLM's own server on the same model: LoRA adapters (made here)
+and Anthropic's Messages API through the `anthropic` SDK; and an upstream pool beside the
+engine in one gateway.
 
 Adapters made here with peft on the bundled model (nothing from a hub). vLLM's server runs with
 `--enable-lora --lora-modules`; the gateway runs the real engine with `LORA_MODULES`, runtime
@@ -15,8 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import jsonschema
 import pytest
+from anthropic import Anthropic
 
 from tests.support.adapters import make_adapters, with_base_model
 from tests.support.fault_upstream import FaultUpstreamProcess
@@ -302,3 +306,120 @@ def test_the_engine_and_a_pool_answer_in_one_gateway(
     assert "remote-ad1" not in plain.stats()["models"]
     local = ask(gateway.url, MODEL_NAME, chat=True, stream=False)
     assert local and local in seen  # the in-process engine: the same weights as vLLM's
+
+
+# ---- Anthropic's Messages API, through the anthropic SDK ------------------------------------
+
+
+def anthropic_client(url: str, key: str | None = USER) -> Anthropic:
+    return Anthropic(base_url=url, api_key=key or "unused", max_retries=0, timeout=120)
+
+
+GREEDY = {"temperature": 0}  # passed in extra_body: current SDKs take no `temperature` keyword
+
+
+def test_messages_answer_as_vllms_server_does(gateway: GatewayProcess, vllm: str) -> None:
+    ours = anthropic_client(gateway.url)
+    theirs = anthropic_client(vllm.removesuffix("/v1"), key=None)
+    ask: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "max_tokens": 24,
+        "system": "You answer in one sentence.",
+        "messages": MESSAGES,
+        "extra_body": GREEDY,
+        "extra_headers": {"cache-control": "no-cache"},
+    }
+    created = ours.messages.create(**ask)
+    expected = theirs.messages.create(**ask)
+    assert created.content[0].type == "text" and expected.content[0].type == "text"
+    assert created.content[0].text == expected.content[0].text
+    assert created.stop_reason == expected.stop_reason
+    assert created.usage.input_tokens == expected.usage.input_tokens
+    assert created.usage.output_tokens == expected.usage.output_tokens
+    with ours.messages.stream(**ask) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == created.content[0].text
+    assert final.stop_reason == created.stop_reason and final.usage.output_tokens > 0
+    with theirs.messages.stream(**ask) as stream:
+        assert "".join(stream.text_stream) == streamed
+
+
+def test_a_named_tool_gives_valid_input_and_its_result_continues(gateway: GatewayProcess) -> None:
+    client = anthropic_client(gateway.url)
+    tool = {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    }
+    asked = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+    message = client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=80,
+        messages=asked,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body=GREEDY,
+    )
+    assert message.stop_reason == "tool_use"
+    use = next(block for block in message.content if block.type == "tool_use")
+    assert use.name == "get_weather"
+    jsonschema.validate(use.input, tool["input_schema"])
+    # `any` too, streamed: the input assembled from its deltas is valid as well.
+    with client.messages.stream(
+        model=MODEL_NAME,
+        max_tokens=80,
+        messages=asked,
+        tools=[tool],
+        tool_choice={"type": "any"},
+        extra_body=GREEDY,
+    ) as stream:
+        final = stream.get_final_message()
+    streamed_use = next(block for block in final.content if block.type == "tool_use")
+    jsonschema.validate(streamed_use.input, tool["input_schema"])
+    turns = [
+        *asked,
+        {"role": "assistant", "content": [block.model_dump() for block in message.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C."},
+            ],
+        },
+    ]
+    follow = client.messages.create(
+        model=MODEL_NAME, max_tokens=24, messages=turns, tools=[tool], extra_body=GREEDY
+    )
+    assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert follow.content
+
+
+def test_count_tokens_is_what_a_message_is_charged(gateway: GatewayProcess) -> None:
+    client = anthropic_client(gateway.url)
+    ask: dict[str, Any] = {"model": MODEL_NAME, "system": "Be brief.", "messages": MESSAGES}
+    counted = client.messages.count_tokens(**ask)
+    created = client.messages.create(**ask, max_tokens=4, extra_body=GREEDY)
+    assert counted.input_tokens == created.usage.input_tokens > 0
+
+
+def test_messages_errors_are_anthropics(gateway: GatewayProcess) -> None:
+    client = anthropic_client(gateway.url)
+    with pytest.raises(anthropic.BadRequestError) as missing:
+        client.post(
+            "/v1/messages",
+            body={"model": MODEL_NAME, "messages": MESSAGES},
+            cast_to=httpx.Response,
+        )
+    assert missing.value.status_code == 400
+    assert missing.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "max_tokens" in missing.value.body["error"]["message"]  # type: ignore[index]
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic_client(gateway.url, key="sk-wrong").messages.create(
+            model=MODEL_NAME, max_tokens=4, messages=MESSAGES
+        )
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-nope", max_tokens=4, messages=MESSAGES)

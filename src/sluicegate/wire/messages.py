@@ -1,0 +1,314 @@
+"""Anthropic's Messages API request (`POST /v1/messages`) and its conversion to a chat request.
+
+A Messages request runs through the chat pipeline: `chat_body` turns its system prompt, its
+turns (text, `tool_use` and `tool_result` blocks) and its parameters into the body of a chat
+completion request, in OpenAI's chat shapes: tool uses become an assistant turn's
+`tool_calls`, tool results become `tool` turns, `tool_choice` `any` becomes `required` and a
+named tool a named function. Whatever the chat request accepts, this API then accepts; what it
+refuses comes back naming the Messages parameter (`param_for`).
+
+What this server cannot do is refused here, by name: images and documents (its models take
+text only), extended thinking, server tools (web search, code execution), MCP servers.
+Unknown fields are ignored, as vLLM's server ignores them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from sluicegate.wire.requests import MAX_MESSAGES, _Model
+
+TEXT_ONLY = (
+    "This model takes text only: {kind} blocks are not supported (send the text of the "
+    "document, or use a model that reads them)."
+)
+
+
+class TextBlock(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class ContentBlock(_Model):
+    """A block of a turn's content, checked by its `type` (`blocks` in `Message`)."""
+
+    model_config = _Model.model_config | {"extra": "allow"}
+    type: str
+
+
+class Message(_Model):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+    def blocks(self) -> list[dict[str, Any]]:
+        """The content as blocks (a string is one text block)."""
+        if isinstance(self.content, str):
+            return [{"type": "text", "text": self.content}]
+        return [block.model_dump() for block in self.content]
+
+
+class Tool(_Model):
+    """A client tool (`type` `custom` or left out); server tools have other types."""
+
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
+
+    @model_validator(mode="after")
+    def _client_tool(self) -> Tool:
+        if self.type not in (None, "custom"):
+            raise ValueError(
+                f"server tools ({self.type}) are not supported here: give client tools, "
+                "with name and input_schema"
+            )
+        if self.input_schema is None:
+            raise ValueError("a tool needs its input_schema")
+        return self
+
+    def chat(self) -> dict[str, Any]:
+        schema = dict(self.input_schema or {})
+        schema.setdefault("type", "object")
+        function: dict[str, Any] = {"name": self.name, "parameters": schema}
+        if self.description is not None:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+class ToolChoice(_Model):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice of type tool needs the tool's name")
+        return self
+
+    def chat(self) -> str | dict[str, Any]:
+        if self.type == "tool":
+            return {"type": "function", "function": {"name": self.name}}
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class Metadata(_Model):
+    user_id: str | None = Field(default=None, max_length=256)
+
+
+class Thinking(_Model):
+    type: str
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(_Model):
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1, le=2**63 - 1)
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    metadata: Metadata | None = None
+    stream: bool = False
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    mcp_servers: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> MessagesRequest:
+        if self.thinking is not None and self.thinking.type != "disabled":
+            raise ValueError("extended thinking is not supported by this model")
+        if self.mcp_servers:
+            raise ValueError("mcp_servers are not supported here")
+        return self
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return chat_messages(self.messages, self.system)
+
+
+class CountTokensRequest(_Model):
+    """`POST /v1/messages/count_tokens`: a Messages request without what only generation
+    takes (`max_tokens` and the sampling parameters, which are ignored when given)."""
+
+    model: str = Field(min_length=1)
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+class UnsupportedBlockError(ValueError):
+    """A content block this server cannot take; `param` says where it is."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def chat_body(request: MessagesRequest) -> dict[str, Any]:
+    """The chat completion request this Messages request runs as."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": request.chat_messages(),
+        "max_tokens": request.max_tokens,
+        "stream": request.stream,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    if request.stop_sequences:
+        body["stop"] = request.stop_sequences
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.metadata is not None and request.metadata.user_id is not None:
+        body["user"] = request.metadata.user_id
+    body.update(tool_fields(request.tools, request.tool_choice))
+    return body
+
+
+def tool_fields(tools: list[Tool] | None, choice: ToolChoice | None) -> dict[str, Any]:
+    """The chat request's `tools`, `tool_choice` and `parallel_tool_calls`."""
+    fields: dict[str, Any] = {}
+    if tools:
+        fields["tools"] = [tool.chat() for tool in tools]
+    if choice is not None and (tools or choice.type != "none"):
+        fields["tool_choice"] = choice.chat()
+        if choice.disable_parallel_tool_use is not None:
+            fields["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    return fields
+
+
+def chat_messages(
+    messages: list[Message], system: str | list[TextBlock] | None
+) -> list[dict[str, Any]]:
+    """The turns as chat messages: the system prompt first, tool results as `tool` turns before
+    the user text that came with them, tool uses as the assistant turn's `tool_calls`."""
+    chat: list[dict[str, Any]] = []
+    if system:
+        text = system if isinstance(system, str) else "\n".join(b.text for b in system)
+        chat.append({"role": "system", "content": text})
+    for index, message in enumerate(messages):
+        if message.role == "user":
+            chat.extend(_user_turns(message, index))
+        else:
+            chat.append(_assistant_turn(message, index))
+    return chat
+
+
+def _user_turns(message: Message, index: int) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for position, block in enumerate(message.blocks()):
+        kind = block.get("type")
+        where = f"messages.{index}.content.{position}"
+        if kind == "text":
+            texts.append(_text(block, where))
+        elif kind == "tool_result":
+            turns.append(_tool_turn(block, where))
+        elif kind in ("image", "document"):
+            raise UnsupportedBlockError(TEXT_ONLY.format(kind=kind), where)
+        else:
+            raise UnsupportedBlockError(
+                f"{kind!r} blocks are not supported in user turns (text and tool_result are)",
+                where,
+            )
+    if texts:
+        turns.append({"role": "user", "content": "\n".join(texts)})
+    return turns
+
+
+def _assistant_turn(message: Message, index: int) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for position, block in enumerate(message.blocks()):
+        kind = block.get("type")
+        where = f"messages.{index}.content.{position}"
+        if kind == "text":
+            texts.append(_text(block, where))
+        elif kind == "tool_use":
+            calls.append(_tool_call(block, where))
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # a turn of a model that thinks: its thoughts are not the answer
+        elif kind in ("image", "document"):
+            raise UnsupportedBlockError(TEXT_ONLY.format(kind=kind), where)
+        else:
+            raise UnsupportedBlockError(
+                f"{kind!r} blocks are not supported in assistant turns (text and tool_use are)",
+                where,
+            )
+    turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        turn["tool_calls"] = calls
+    return turn
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise UnsupportedBlockError("a text block needs its text (a string)", f"{where}.text")
+    return text
+
+
+def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+    name, call_id, arguments = block.get("name"), block.get("id"), block.get("input", {})
+    if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
+        raise UnsupportedBlockError("a tool_use block needs its id and name", where)
+    if not isinstance(arguments, dict):
+        raise UnsupportedBlockError("a tool_use block's input is an object", f"{where}.input")
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def _tool_turn(block: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise UnsupportedBlockError("a tool_result block needs its tool_use_id", where)
+    content = block.get("content", "")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for position, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image", "document"):
+                raise UnsupportedBlockError(
+                    TEXT_ONLY.format(kind=kind), f"{where}.content.{position}"
+                )
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise UnsupportedBlockError(
+                    "a tool_result's content is text blocks", f"{where}.content.{position}"
+                )
+            parts.append(part["text"])
+        text = "\n".join(parts)
+    else:
+        raise UnsupportedBlockError("a tool_result's content is a string or blocks", where)
+    if block.get("is_error"):
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+_CHAT_TO_MESSAGES = {
+    "stop": "stop_sequences",
+    "max_completion_tokens": "max_tokens",
+    "user": "metadata.user_id",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+}
+
+
+def param_for(chat_param: str) -> str:
+    """The Messages parameter behind a chat request's parameter (`stop` -> `stop_sequences`;
+    chat message positions differ from the request's turns, so `messages.3` -> `messages`)."""
+    head = chat_param.split(".", 1)[0]
+    if head == "messages":
+        return "messages"
+    return _CHAT_TO_MESSAGES.get(head, chat_param)
