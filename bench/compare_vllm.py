@@ -12,10 +12,13 @@ sluicegate / vLLM.
     .venv/bin/python bench/compare_vllm.py                  # 1, 16 and 64 concurrent
     .venv/bin/python bench/compare_vllm.py --rounds 4       # pooled over four rounds
     .venv/bin/python bench/compare_vllm.py --lora           # to a LoRA adapter, on both
+    .venv/bin/python bench/compare_vllm.py --api messages   # Anthropic's /v1/messages, on both
 
 With `--lora`, a rank-8 adapter made here with peft (`tests/support/adapters.py`) is loaded
 by both servers at start-up (vLLM's `--lora-modules`, sluicegate's `LORA_MODULES`), and every
-request names it.
+request names it. With `--api messages`, the same prompts go to both servers' `/v1/messages`,
+streamed and greedy (`bench/messages_backend.py`): Anthropic's API has no `ignore_eos`, so
+answers end where the model stops, at the same token on both.
 
 Absolute numbers drift between machines and runs; the ratios are the result.
 """
@@ -38,6 +41,8 @@ from typing import Any, TypeVar
 
 import httpx
 import numpy
+
+import messages_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -183,15 +188,20 @@ def drive(
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    messages_backend.register()
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     num_prompts = num_prompts or max(args.min_prompts, concurrency * args.prompts_per_slot)
+    if args.api == "messages":
+        api = ["--backend", messages_backend.BACKEND, "--endpoint", "/v1/messages"]
+    else:
+        api = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--ignore-eos"]
     bench_args = parser.parse_args([
-        "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        *api,
         "--base-url", f"http://127.0.0.1:{port}", "--model", requested_model(args),
         "--tokenizer", model,
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
-        "--random-output-len", str(args.output_len), "--ignore-eos",
+        "--random-output-len", str(args.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--seed", str(concurrency if seed is None else seed), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -441,6 +451,12 @@ def parse_args(
         "--temperature", type=float, help="sent with every request (default: none is sent)"
     )
     parser.add_argument(
+        "--api",
+        choices=("chat", "messages"),
+        default="chat",
+        help="OpenAI's chat completions, or Anthropic's Messages API (greedy, no ignore_eos)",
+    )
+    parser.add_argument(
         "--lora",
         action="store_true",
         help="both servers load a LoRA adapter made here, and every request names it",
@@ -471,8 +487,13 @@ def main() -> None:
     shape = f"{args.input_len} tokens in / {args.output_len} out"
     if args.lora:
         shape += f"; every request to the LoRA adapter {ADAPTER} (rank 8)"
+    name = "compare-lora" if args.lora else "compare"
+    if args.api == "messages":
+        shape = f"/v1/messages streamed, greedy; {args.input_len} tokens in, up to "
+        shape += f"{args.output_len} out"
+        name += "-messages"
     publish(
-        "compare-lora" if args.lora else "compare",
+        name,
         f"Machine: {machine()}; rounds: {args.rounds}; {shape}",
         results,
         "\n\n".join(
