@@ -194,7 +194,16 @@ class Settings(BaseSettings):
     upstream_keepalive_expiry: float = Field(
         default=30.0, gt=0, description="Seconds an idle upstream connection is kept."
     )
-    upstream_http2: bool = Field(default=False, description="Speak HTTP/2 to the upstreams.")
+    upstream_http2: bool = Field(
+        default=False,
+        description="Speak HTTP/2 to the upstreams (over httpx's own transport, whatever "
+        "`UPSTREAM_TRANSPORT` says).",
+    )
+    upstream_transport: Literal["aiohttp", "httpcore"] = Field(
+        default="aiohttp",
+        description="The HTTP/1.1 client under httpx's API: `aiohttp` (its C parser; see "
+        "docs/upstream.md for the settings it does not honour) or `httpcore` (httpx's own).",
+    )
     upstream_connect_timeout: float = Field(
         default=5.0, gt=0, description="Seconds to open a connection to an upstream."
     )

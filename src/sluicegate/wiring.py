@@ -245,6 +245,7 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
             max_keepalive=settings.upstream_max_keepalive_connections,
             keepalive_expiry=settings.upstream_keepalive_expiry,
             http2=settings.upstream_http2,
+            transport=settings.upstream_transport,
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
             write_timeout=settings.upstream_write_timeout,

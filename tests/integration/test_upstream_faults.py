@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -55,19 +56,33 @@ def normal(upstreams: list[FaultUpstreamProcess]) -> None:
         upstream.control(reset_stats=True)
 
 
-def _gateway(log_dir: Path, urls: list[str], **settings: str) -> GatewayProcess:
+class Where(NamedTuple):
+    """Where a test's gateway logs, and the transport it speaks to its upstreams over."""
+
+    log_dir: Path
+    transport: str
+
+
+def _gateway(where: Where, urls: list[str], **settings: str) -> GatewayProcess:
     env = {
         "SLUICEGATE_UPSTREAM_URLS": ",".join(urls),
+        "SLUICEGATE_UPSTREAM_TRANSPORT": where.transport,
         "SLUICEGATE_CACHE_POLICY": "off",
         "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "0.5",
         **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
     }
-    return start_gateway(log_dir, env=env)
+    return start_gateway(where.log_dir, env=env)
+
+
+@pytest.fixture(scope="module", params=["aiohttp", "httpcore"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test runs over both upstream transports (engine/upstream/transport.py)."""
+    return str(request.param)
 
 
 @pytest.fixture
-def gateway_dir(tmp_path: Path) -> Path:
-    return tmp_path
+def gateway_dir(tmp_path: Path, transport: str) -> Where:
+    return Where(tmp_path, transport)
 
 
 def _events(response: httpx.Response) -> list[str]:
@@ -75,7 +90,7 @@ def _events(response: httpx.Response) -> list[str]:
 
 
 def test_retries_honour_retry_after_and_then_succeed(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -104,7 +119,7 @@ def test_retries_honour_retry_after_and_then_succeed(
 
 
 def test_retries_give_up_with_the_upstreams_error(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], upstream_max_retries="2")
@@ -126,7 +141,7 @@ def test_retries_give_up_with_the_upstreams_error(
 
 
 def test_the_breaker_opens_then_closes(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(
@@ -167,7 +182,7 @@ def test_the_breaker_opens_then_closes(
 
 
 def test_nothing_is_retried_after_the_first_byte(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -190,7 +205,7 @@ def test_nothing_is_retried_after_the_first_byte(
 
 
 def test_a_client_disconnect_closes_the_upstream_request(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     # With HTTP/2 on: offered over TLS only, so plain http here stays HTTP/1.1.
@@ -222,7 +237,7 @@ def test_a_client_disconnect_closes_the_upstream_request(
 
 
 def test_two_upstreams_one_down_every_request_succeeds(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     up, flaky = upstreams
@@ -253,7 +268,7 @@ def test_two_upstreams_one_down_every_request_succeeds(
 
 
 def test_ready_is_503_while_no_upstream_is_healthy(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
@@ -275,7 +290,7 @@ def test_ready_is_503_while_no_upstream_is_healthy(
 
 
 def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], rate_limit_tokens_per_minute="600")
@@ -306,7 +321,7 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
 
 
 def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     stalled, up = upstreams
     # Weighted 1000:1, the stalled upstream is nearly always the first pick.
@@ -348,7 +363,7 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
 
 
 def test_retries_stop_when_the_retry_budget_is_spent(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(
@@ -379,7 +394,7 @@ def test_retries_stop_when_the_retry_budget_is_spent(
 
 
 def test_the_served_model_name_aliases_the_upstreams_model(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], served_model_name="house-model")
@@ -401,7 +416,7 @@ def test_the_served_model_name_aliases_the_upstreams_model(
 
 
 def test_sequential_requests_reuse_the_upstream_connections(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
@@ -421,9 +436,9 @@ def test_sequential_requests_reuse_the_upstream_connections(
 
 
 @contextlib.contextmanager
-def _serving(log_dir: Path, urls: list[str], **settings: str) -> Iterator[GatewayProcess]:
+def _serving(where: Where, urls: list[str], **settings: str) -> Iterator[GatewayProcess]:
     """`_gateway`, stopped when the block ends."""
-    gateway = _gateway(log_dir, urls, **settings)
+    gateway = _gateway(where, urls, **settings)
     try:
         yield gateway
     finally:
@@ -454,7 +469,7 @@ def _until_served(gateway: GatewayProcess, within: float) -> float:
 
 
 def test_an_endless_retry_after_is_clamped_and_a_good_probe_ends_a_503s_wait(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -477,7 +492,7 @@ def test_an_endless_retry_after_is_clamped_and_a_good_probe_ends_a_503s_wait(
 
 
 def test_a_429s_retry_after_is_clamped_and_kept_through_good_probes(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -497,7 +512,7 @@ def test_a_429s_retry_after_is_clamped_and_kept_through_good_probes(
 
 
 def test_a_slow_client_holds_the_upstream_back_instead_of_the_gateway_buffering(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     chunks, size = 1024, 64 * 1024  # a 64 MiB answer
@@ -528,7 +543,7 @@ def test_a_slow_client_holds_the_upstream_back_instead_of_the_gateway_buffering(
 
 
 def test_an_upstream_refusing_the_gateways_credentials_is_a_502_and_a_failure(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -558,7 +573,7 @@ def test_an_upstream_refusing_the_gateways_credentials_is_a_502_and_a_failure(
 
 
 def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     with _serving(
@@ -591,7 +606,7 @@ def test_refusals_of_the_request_pass_through_with_their_status_and_no_address(
 
 
 def test_a_failed_try_with_nowhere_left_to_retry_gets_its_own_error(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     # Its first failure opens the breaker: the retry finds no upstream available.
@@ -606,7 +621,7 @@ def test_a_failed_try_with_nowhere_left_to_retry_gets_its_own_error(
 
 
 def test_the_gateways_internal_priority_is_not_sent_upstream(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     key = "sk-upstream-priority"
@@ -632,7 +647,7 @@ def test_the_gateways_internal_priority_is_not_sent_upstream(
 
 
 def test_content_holding_a_record_separator_reaches_the_client_as_it_is(
-    upstreams: list[FaultUpstreamProcess], gateway_dir: Path
+    upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
     words = ["a\x1eb", " \x1e{}\x1e", " c"]

@@ -17,6 +17,8 @@ EXPOSED_HEADERS = (
     "X-Cache",
     "Age",
     "Retry-After",
+    "x-sluicegate-fallback",
+    "x-sluicegate-overhead-duration-ms",
     *BUDGET_HEADERS,
     *(
         f"x-ratelimit-{what}-{unit}"

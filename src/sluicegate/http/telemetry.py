@@ -46,6 +46,26 @@ UNMATCHED = "unmatched"
 _CACHE_HEADER = b"x-cache"
 
 
+OVERHEAD_HEADER = b"x-sluicegate-overhead-duration-ms"
+
+
+def overhead(record: RequestRecord, now: float) -> float:
+    """Seconds the gateway itself spent on the request before `now`, when its response
+    begins: the time since it arrived less the engine's part, from the run's hand-off to
+    its first token (a stream), its end (an answer sent whole) or `now` (a stream whose
+    headers went out before its first token). Waiting for admission counts: it is the
+    gateway's (the `wait` phase of `observability.timeline` tells it apart)."""
+    spent = now - record.started
+    if record.handed is not None:
+        engine_end = record.engine_finished or record.first_token or now
+        spent -= max(0.0, min(engine_end, now) - record.handed)
+    return max(0.0, spent)
+
+
+def _overhead_header(seconds: float) -> tuple[bytes, bytes]:
+    return OVERHEAD_HEADER, b"%.3f" % (seconds * 1000)
+
+
 class TelemetryMiddleware:
     """Sits just inside `RequestIdMiddleware`, so even refusals by the other middleware count."""
 
@@ -57,6 +77,7 @@ class TelemetryMiddleware:
         # Labelled children, looked up once: `labels()` costs more than the increment.
         self._counters: dict[tuple[str, str, int], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
+        self._overheads: dict[str, Histogram] = {}
 
     def _endpoint(self, scope: Scope) -> str:
         if scope.get("route") is not None:
@@ -75,9 +96,14 @@ class TelemetryMiddleware:
             return
         record = RequestRecord()
         response = _Response()
+        inference = scope["path"] in INFERENCE_PATHS
 
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
+                if inference:
+                    record.overhead = overhead(record, time.perf_counter())
+                    headers = [*message.get("headers", ()), _overhead_header(record.overhead)]
+                    message = {**message, "headers": headers}
                 response.start(message)
             elif message["type"] == "http.response.body":
                 if record.first_byte is None and message.get("body"):
@@ -87,7 +113,7 @@ class TelemetryMiddleware:
             await send(message)
 
         token = open_request(record)
-        if scope["path"] in INFERENCE_PATHS:
+        if inference:
             enter_in_flight(record)
         try:
             await self.app(scope, receive, observed_send)
@@ -112,6 +138,11 @@ class TelemetryMiddleware:
             counted = metrics.REQUESTS.labels(endpoint, model, str(status))
             self._counters[(endpoint, model, status)] = counted
         counted.inc()
+        if record.overhead is not None:
+            observed = self._overheads.get(model)
+            if observed is None:
+                observed = self._overheads[model] = metrics.GATEWAY_OVERHEAD.labels(model)
+            observed.observe(record.overhead)
         if status == CLIENT_CLOSED:
             metrics.CLIENT_DISCONNECTS.labels(endpoint, model).inc()
         elif model and status < 400:

@@ -166,10 +166,9 @@ class GenerationTelemetry:
             self._span.add_event("first_token")
         last = self._last_token.get(prompt_index)
         if last is not None:
-            # A step may carry several tokens of each choice: one observation per token.
-            gap = (now - last) / tokens
-            for _ in range(tokens):
-                self._series.itl.observe(gap)
+            # One observation per step, as vLLM's own histogram: a step that carries several
+            # tokens (an upstream's coalesced events) gives their mean gap.
+            self._series.itl.observe((now - last) / tokens)
         self._last_token[prompt_index] = now
         return first
 
@@ -182,8 +181,10 @@ class GenerationTelemetry:
         prompt_tokens = self._prompt_tokens if self._answered else 0
         self._series.prompt_tokens.inc(prompt_tokens)
         self._series.completion_tokens.inc(self._completion_tokens)
-        if self._record is not None and self._answered:
-            self._record.add_usage(prompt_tokens, self._completion_tokens)
+        if self._record is not None:
+            self._record.engine_finished = time.perf_counter()
+            if self._answered:
+                self._record.add_usage(prompt_tokens, self._completion_tokens)
         span = self._span
         if span.is_recording():
             span.set_attributes(

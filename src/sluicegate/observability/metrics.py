@@ -137,9 +137,22 @@ REQUEST_PHASE = Histogram(
     ["model", "phase"],
     buckets=PHASE_BUCKETS,
 )
+OVERHEAD_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+GATEWAY_OVERHEAD = Histogram(
+    "sluicegate_gateway_overhead_seconds",
+    "The gateway's own time on an inference request before its response began: the time "
+    "to the response's start less the engine's (or upstream's) part; the "
+    "x-sluicegate-overhead-duration-ms response header.",
+    ["model"],
+    buckets=OVERHEAD_BUCKETS,
+)
 INTER_TOKEN_LATENCY = Histogram(
     "sluicegate_inter_token_latency_seconds",
-    "Time between consecutive tokens of one choice, as the engine hands them to streams.",
+    "Time between consecutive tokens of one choice, as the engine hands them to streams: "
+    "one observation per engine step (a step of several tokens gives their mean gap).",
     ["model"],
     buckets=ITL_BUCKETS,
 )

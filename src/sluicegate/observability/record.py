@@ -35,6 +35,11 @@ class RequestRecord:
     scheduled: float | None = None
     engine_first_token: float | None = None
     first_byte: float | None = None
+    engine_finished: float | None = None
+    """`time.perf_counter()` when the engine's run ended (the last one, after a fallback)."""
+    overhead: float | None = None
+    """Seconds the gateway itself spent on the request before its response began: the time
+    to the response's start less the engine's (`http.telemetry.overhead`)."""
     model: str | None = None
     """The served model the request was routed to (its metrics' `model` label)."""
     in_flight: str | None = None

@@ -108,6 +108,33 @@ def test_ttft_and_inter_token_latency_are_observed(engine: FakeEngine) -> None:
     )
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_overhead_header_and_histogram_leave_out_the_engines_time(
+    engine: FakeEngine, stream: bool
+) -> None:
+    """The engine holds the first token 0.5 s (and the last, in all, 0.7 s): the gateway's
+    own time is what is left of the time to the response's start once that is taken out."""
+    engine.delays = [0.5, 0.1, 0.1]
+    count = local_value("sluicegate_gateway_overhead_seconds_count", model=FAKE_MODEL)
+    total = local_value("sluicegate_gateway_overhead_seconds_sum", model=FAKE_MODEL)
+    with TestClient(fake_app(engine)) as client:
+        started = time.perf_counter()
+        with client.stream("POST", CHAT, json=chat_body(stream=stream)) as response:
+            elapsed = time.perf_counter() - started  # the headers are in
+            assert response.status_code == 200
+            header = float(response.headers["x-sluicegate-overhead-duration-ms"])
+            response.read()
+    engine_part = 0.5 if stream else 0.7
+    assert 0 <= header <= (elapsed - engine_part) * 1000, (header, elapsed)
+    assert local_value("sluicegate_gateway_overhead_seconds_count", model=FAKE_MODEL) == count + 1
+    observed = local_value("sluicegate_gateway_overhead_seconds_sum", model=FAKE_MODEL) - total
+    assert observed == pytest.approx(header / 1000, abs=0.0006)
+
+
+def test_off_the_inference_routes_there_is_no_overhead_header(client: TestClient) -> None:
+    assert "x-sluicegate-overhead-duration-ms" not in client.get("/v1/models").headers
+
+
 def test_endpoint_is_the_route_template_and_unknown_paths_share_one_label(
     client: TestClient,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,6 +14,9 @@ class PoolConfig:
     max_keepalive: int = 256
     keepalive_expiry: float = 30.0
     http2: bool = False
+    transport: Literal["aiohttp", "httpcore"] = "aiohttp"
+    """aiohttp's HTTP/1.1 client (C parser) under httpx's API, or httpx's own (httpcore),
+    which HTTP/2 always uses (`transport.upstream_transport`)."""
     connect_timeout: float = 5.0
     read_timeout: float = 300.0
     write_timeout: float = 30.0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client import Counter, Gauge, Histogram
 
 from sluicegate.engine.protocol import (
     Embedding,
@@ -325,7 +327,7 @@ class UpstreamEngine:
     async def _json_try(self, exchange: _Exchange, path: str, content: bytes) -> dict[str, Any]:
         upstream = exchange.upstream
         upstream.in_flight += 1
-        metrics.UPSTREAM_IN_FLIGHT.labels(upstream.label).inc()
+        _in_flight(upstream.label).inc()
         sent = time.perf_counter()
         outcome = "cancelled"
         try:
@@ -350,9 +352,7 @@ class UpstreamEngine:
                 outcome = "failed"
                 error = BadGatewayError("The upstream answered something that is not an object.")
                 raise self._failed(exchange, "stream_error", error, False)
-            metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(upstream.label).observe(
-                time.perf_counter() - sent
-            )
+            _first_byte(upstream.label).observe(time.perf_counter() - sent)
             outcome = "ok"
             upstream.breaker.success(exchange.ticket)
             _count(upstream.label, "ok")
@@ -389,7 +389,7 @@ class UpstreamEngine:
         upstream = exchange.upstream
         label = upstream.label
         upstream.in_flight += 1
-        metrics.UPSTREAM_IN_FLIGHT.labels(label).inc()
+        _in_flight(label).inc()
         sent = time.perf_counter()
         response = await self._send(exchange, path, content)
         exchange.events = self._events(exchange.reader, response)
@@ -405,7 +405,7 @@ class UpstreamEngine:
             raise self._failed(
                 exchange, "reset" if reset else "stream_error", error, reset, detail=exc
             ) from exc
-        metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label).observe(time.perf_counter() - sent)
+        _first_byte(label).observe(time.perf_counter() - sent)
         return first
 
     async def _send(self, exchange: _Exchange, path: str, content: bytes) -> httpx.Response:
@@ -487,7 +487,7 @@ class UpstreamEngine:
     async def _end(self, exchange: _Exchange) -> None:
         upstream = exchange.upstream
         upstream.in_flight -= 1
-        metrics.UPSTREAM_IN_FLIGHT.labels(upstream.label).dec()
+        _in_flight(upstream.label).dec()
         if exchange.events is not None:
             await exchange.events.aclose()
         if exchange.response is not None:
@@ -790,8 +790,25 @@ def _unavailable(last: _Failure | None) -> GatewayError:
     return EngineUnavailableError("No upstream is available.") if last is None else last.error
 
 
+# Labelled children, looked up once: `labels()` costs more than the increment. Labels come
+# from the configured upstreams and a fixed set of outcomes, so the caches are bounded.
+@functools.cache
+def _requests(label: str, outcome: str) -> Counter:
+    return metrics.UPSTREAM_REQUESTS.labels(label, outcome)
+
+
+@functools.cache
+def _in_flight(label: str) -> Gauge:
+    return metrics.UPSTREAM_IN_FLIGHT.labels(label)
+
+
+@functools.cache
+def _first_byte(label: str) -> Histogram:
+    return metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(label)
+
+
 def _count(label: str, outcome: str) -> None:
-    metrics.UPSTREAM_REQUESTS.labels(label, outcome).inc()
+    _requests(label, outcome).inc()
 
 
 def _affinity_key(prompt: Prompt) -> str:

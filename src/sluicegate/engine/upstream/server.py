@@ -9,6 +9,7 @@ import httpx
 
 from sluicegate.engine.upstream.breaker import Breaker
 from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig
+from sluicegate.engine.upstream.transport import upstream_transport
 
 
 class Upstream:
@@ -55,7 +56,7 @@ class Upstream:
                 write=pool.write_timeout,
                 pool=pool.pool_timeout,
             ),
-            transport=transport,
+            transport=transport or upstream_transport(pool),
             trust_env=False,
         )
 
