@@ -7,7 +7,10 @@ Three targets, each a streamed chat completion (`stream_options.include_usage`):
 
 - direct: the upstream itself;
 - sluicegate: `sluicegate serve` with `SLUICEGATE_UPSTREAM_URLS` set to it, its defaults
-  otherwise, the response cache off (the requests repeat) and no API keys;
+  otherwise (aiohttp's transport under httpx), the response cache off (the requests repeat)
+  and no API keys;
+- sluicegate-httpcore: the same with `SLUICEGATE_UPSTREAM_TRANSPORT=httpcore` (httpx's own
+  HTTP/1.1 stack), on the port after it;
 - litellm: the LiteLLM proxy (`litellm[proxy]` and httptools, in a venv of its own: its
   pins clash with the project's), one worker, routing every model to the upstream, with no
   database, no callbacks, no retries, no keys and errors-only logging (`litellm_config`).
@@ -22,14 +25,14 @@ saturated, so a request's latency is mostly its wait for a core, and the overhea
 the gateway's CPU per request costs everyone in the queue.
 
 The targets take turns, one turn each per level per round, the order rotating from round to
-round (each target in each place equally often over three rounds), so the machine's drift
-falls on all three alike; every turn begins with an unmeasured wave (`concurrency`
+round (each target in each place equally often over four rounds), so the machine's drift
+falls on all four alike; every turn begins with an unmeasured wave (`concurrency`
 requests) to reopen the pools that idled while the others ran. Latencies are pooled over
 rounds. A gateway's overhead is its percentile minus the direct one's, at P50 and P99. Also
 reported: each target's server CPU per request (the process tree serving it, from /proc:
 the upstream for direct, the gateway alone otherwise) and P50 overheads round by round.
 
-    .venv/bin/python bench/upstream_overhead.py                          # 1 and 100, 6 rounds
+    .venv/bin/python bench/upstream_overhead.py                          # 1 and 100, 8 rounds
     .venv/bin/python bench/upstream_overhead.py --sluicegate-stand-in    # check the harness
 """
 
@@ -59,7 +62,8 @@ from tests.support.fault_upstream import start as start_upstream
 from compare_vllm import RESULTS, ROOT, machine, publish, stop, wait_ready
 from overhead_ab import cpu_times
 
-TARGETS = ("direct", "sluicegate", "litellm")
+TARGETS = ("direct", "sluicegate", "sluicegate-httpcore", "litellm")
+GATEWAYS = TARGETS[1:]
 MODEL = "fault-model"
 
 
@@ -248,7 +252,7 @@ def turn(target: Target, concurrency: int, args: argparse.Namespace) -> dict[str
 def schedule(rounds: int, levels: list[int]) -> list[tuple[int, int, tuple[str, ...]]]:
     """`(round, level, order)` in running order: the targets rotated by round and level."""
     return [
-        (r, level, TARGETS[(r + i) % 3 :] + TARGETS[: (r + i) % 3])
+        (r, level, TARGETS[(r + i) % len(TARGETS) :] + TARGETS[: (r + i) % len(TARGETS)])
         for r in range(rounds)
         for i, level in enumerate(levels)
     ]
@@ -267,21 +271,28 @@ def run(args: argparse.Namespace) -> Results:
             log=RESULTS / "upstream-overhead-upstream.log",
         )  # fmt: skip
         direct = Target("direct", f"{upstream.url}/chat/completions", upstream.process.pid)
-        if args.sluicegate_stand_in:
-            sluicegate = Target("sluicegate", direct.url, direct.pid)
-        else:
+        targets = {"direct": direct}
+        for offset, (name, transport) in enumerate(
+            (("sluicegate", "aiohttp"), ("sluicegate-httpcore", "httpcore")), start=1
+        ):
+            if args.sluicegate_stand_in:
+                targets[name] = Target(name, direct.url, direct.pid)
+                continue
             processes.append(
-                start_sluicegate(args.port + 1, upstream.url, name="upstream-overhead-sluicegate")
-            )
-            sluicegate = Target(
-                "sluicegate", f"http://127.0.0.1:{args.port + 1}/v1/chat/completions",
+                start_sluicegate(
+                    args.port + offset, upstream.url,
+                    {"SLUICEGATE_UPSTREAM_TRANSPORT": transport},
+                    name=f"upstream-overhead-{name}",
+                )
+            )  # fmt: skip
+            targets[name] = Target(
+                name, f"http://127.0.0.1:{args.port + offset}/v1/chat/completions",
                 processes[-1].pid,
             )  # fmt: skip
-        processes.append(start_litellm(args.litellm, args.port + 2, upstream.url))
-        litellm = Target(
-            "litellm", f"http://127.0.0.1:{args.port + 2}/v1/chat/completions", processes[-1].pid
+        processes.append(start_litellm(args.litellm, args.port + 3, upstream.url))
+        targets["litellm"] = Target(
+            "litellm", f"http://127.0.0.1:{args.port + 3}/v1/chat/completions", processes[-1].pid
         )
-        targets = {t.name: t for t in (direct, sluicegate, litellm)}
         for round_index, level, order in schedule(args.rounds, args.concurrency):
             for name in order:
                 print(f"--- round {round_index + 1}, concurrency {level}: {name}", flush=True)
@@ -302,8 +313,10 @@ def percentiles(rounds: list[dict[str, Any]], field: str) -> tuple[float, float]
 
 
 def report(results: Results, stand_in: bool) -> str:
+    stand = " (stand-in: direct)" if stand_in else ""
     label = {"direct": "upstream directly", "litellm": "LiteLLM proxy",
-             "sluicegate": "sluicegate" + (" (stand-in: direct)" if stand_in else "")}  # fmt: skip
+             "sluicegate": f"sluicegate (aiohttp){stand}",
+             "sluicegate-httpcore": f"sluicegate (httpcore){stand}"}  # fmt: skip
     lines = [
         "| concurrency | target | req/s | P50 latency ms | P99 latency ms | P50 TTFB ms "
         "| P99 TTFB ms | server CPU ms/request |",
@@ -332,15 +345,18 @@ def report(results: Results, stand_in: bool) -> str:
                 f"| {f['latency'][1]:.2f} | {f['ttfb'][0]:.2f} | {f['ttfb'][1]:.2f} "
                 f"| {f['cpu']:.2f} |"
             )
-        gateways = ("sluicegate", "litellm")
-        added = {name: _added(figures[name], figures["direct"]) for name in gateways}
-        for name in gateways:
+        added = {name: _added(figures[name], figures["direct"]) for name in GATEWAYS}
+        for name in GATEWAYS:
             cells = " | ".join(f"{v:.2f}" for v in added[name])
             overheads.append(f"| {level} | {label[name]} | {cells} |")
-        ratios = [s / v if v > 0 else float("nan") for s, v in zip(*added.values(), strict=True)]
-        cells = " | ".join(f"**{r:.3f}x**" for r in ratios)
-        overheads.append(f"| {level} | **sluicegate / LiteLLM** | {cells} |")
-        for name in gateways:
+        for name in ("sluicegate", "sluicegate-httpcore"):
+            ratios = [
+                s / v if v > 0 else float("nan")
+                for s, v in zip(added[name], added["litellm"], strict=True)
+            ]
+            cells = " | ".join(f"**{r:.3f}x**" for r in ratios)
+            overheads.append(f"| {level} | **{label[name]} / LiteLLM** | {cells} |")
+        for name in GATEWAYS:
             per_round = [
                 1000 * (statistics.median(g["latency"]) - statistics.median(d["latency"]))
                 for g, d in zip(level_results[name], level_results["direct"], strict=True)
@@ -361,12 +377,12 @@ def _added(gateway: dict[str, Any], direct: dict[str, Any]) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--requests-per-slot", type=int, default=3)
     parser.add_argument("--min-requests", type=int, default=100)
     parser.add_argument("--chunks", type=int, default=32)
-    parser.add_argument("--port", type=int, default=8830, help="upstream; gateways on +1, +2")
+    parser.add_argument("--port", type=int, default=8830, help="upstream; gateways on +1 to +3")
     parser.add_argument(
         "--litellm", type=Path, default=ROOT / ".venv-litellm" / "bin" / "litellm",
         help="the litellm executable (make bench-upstream installs it in .venv-litellm)",

@@ -24,15 +24,16 @@ def upstream() -> Iterator[FaultUpstreamProcess]:
     process.stop()
 
 
-def test_each_target_takes_each_place_once_every_three_rounds_at_each_level() -> None:
-    turns = schedule(6, [1, 100])
+def test_each_target_takes_each_place_once_every_four_rounds_at_each_level() -> None:
+    assert len(TARGETS) == 4
+    turns = schedule(8, [1, 100])
     assert [(r, level) for r, level, _ in turns[:4]] == [(0, 1), (0, 100), (1, 1), (1, 100)]
     for level in (1, 100):
         orders = [order for _, lvl, order in turns if lvl == level]
         assert all(sorted(order) == sorted(TARGETS) for order in orders)
-        for place in range(3):
-            assert sorted(o[place] for o in orders[:3]) == sorted(TARGETS)
-        assert orders[:3] == orders[3:]
+        for place in range(4):
+            assert sorted(o[place] for o in orders[:4]) == sorted(TARGETS)
+        assert orders[:4] == orders[4:]
 
 
 def test_a_turn_reads_every_stream_to_its_end(upstream: FaultUpstreamProcess) -> None:
@@ -61,13 +62,21 @@ def test_the_table_subtracts_the_direct_figures_and_divides_the_overheads() -> N
                "latency": [latency_ms / 1000] * 10, "ttfb": [ttfb_ms / 1000] * 10}  # fmt: skip
         return [one, one]
 
-    level = {"direct": rounds(10, 2), "sluicegate": rounds(11, 2.5), "litellm": rounds(20, 7)}
+    level = {
+        "direct": rounds(10, 2),
+        "sluicegate": rounds(11, 2.5),
+        "sluicegate-httpcore": rounds(12, 3),
+        "litellm": rounds(20, 7),
+    }
     lines = report({100: level}, stand_in=False).splitlines()
-    assert "| 100 | sluicegate | 1.00 | 1.00 | 0.50 | 0.50 |" in lines
+    assert "| 100 | sluicegate (aiohttp) | 1.00 | 1.00 | 0.50 | 0.50 |" in lines
+    assert "| 100 | sluicegate (httpcore) | 2.00 | 2.00 | 1.00 | 1.00 |" in lines
     assert "| 100 | LiteLLM proxy | 10.00 | 10.00 | 5.00 | 5.00 |" in lines
-    ratio = "| 100 | **sluicegate / LiteLLM** | **0.100x** | **0.100x** | **0.100x** | **0.100x** |"
-    assert ratio in lines
-    assert "- concurrency 100, sluicegate: 1.00, 1.00" in lines
+    ratio = "**0.100x** | **0.100x** | **0.100x** | **0.100x** |"
+    assert f"| 100 | **sluicegate (aiohttp) / LiteLLM** | {ratio}" in lines
+    ratio = "**0.200x** | **0.200x** | **0.200x** | **0.200x** |"
+    assert f"| 100 | **sluicegate (httpcore) / LiteLLM** | {ratio}" in lines
+    assert "- concurrency 100, sluicegate (aiohttp): 1.00, 1.00" in lines
 
 
 def test_litellm_sends_every_model_to_the_upstream() -> None:

@@ -8,7 +8,6 @@ cancelled, which closes the engine generator and aborts the request in the engin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -35,27 +34,37 @@ async def until_disconnect(
     receive: Receive, work: Awaitable[T], time_limit: float | None = None
 ) -> T:
     """Await `work`. If the client leaves first, cancel it and raise `ClientDisconnected`;
-    if `time_limit` seconds pass first, cancel it and raise `DeadlineExceededError`."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
-    try:
-        await asyncio.wait((task, watcher), timeout=time_limit, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
+    if `time_limit` seconds pass first, cancel it and raise `DeadlineExceededError`.
+
+    The work runs in the caller's own task, cancelled by the disconnect watcher's callback
+    (as `asyncio.timeout` cancels it), so each call costs one task, the watcher, not two."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if watcher.cancelled():
+            return
+        watcher.exception()  # retrieved: a `receive` that failed means the client is gone too
+        gone = True
         task.cancel()
-        watcher.cancel()
-        # Let the work's own cleanup (closing the engine run, settling its tokens) finish
-        # before the caller's: they would otherwise race over the same generators.
-        with contextlib.suppress(BaseException):
-            await asyncio.wait({task})
+
+    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
+    limit = asyncio.timeout(time_limit)
+    try:
+        async with limit:
+            return await work
+    except asyncio.CancelledError:
+        if gone:
+            task.uncancel()
+            raise ClientDisconnected() from None
         raise
-    if task.done():
+    except TimeoutError:
+        if limit.expired():
+            raise DeadlineExceededError() from None
+        raise
+    finally:
+        watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
-        return task.result()
-    timed_out = not watcher.done()
-    watcher.cancel()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    if timed_out:
-        raise DeadlineExceededError()
-    raise ClientDisconnected()

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import orjson
+
 from sluicegate.engine.protocol import ChoiceDelta
 from sluicegate.errors import GatewayError
 from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
@@ -25,7 +27,14 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def sse_event(data: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    """One `data:` event, its JSON compact and in UTF-8 (as vLLM's server writes it)."""
+    try:
+        body = orjson.dumps(data)
+    except TypeError:
+        # What orjson refuses and Python's json writes: a lone surrogate (escaped), a key
+        # that is not a string, an integer past 64 bits.
+        body = json.dumps(data, separators=(",", ":")).encode()
+    return b"data: " + body + b"\n\n"
 
 
 class StreamWriter(Protocol):

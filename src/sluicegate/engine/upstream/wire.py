@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from sluicegate.engine.protocol import (
     ChatPrompt,
     ChoiceDelta,
@@ -195,7 +197,10 @@ class StreamReader:
         if data == "[DONE]":
             self.done = True
             return None
-        event = json.loads(data)
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            event = json.loads(data)  # what orjson refuses and Python's reads: NaN, surrogates
         if not isinstance(event, dict):
             raise ValueError("an event that is not a JSON object")
         if "error" in event and "choices" not in event:

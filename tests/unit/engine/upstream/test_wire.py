@@ -151,6 +151,16 @@ def test_events_of_one_read_become_one_step_per_choice() -> None:
     assert reader.done
 
 
+def test_events_orjson_refuses_are_read_as_pythons_json_reads_them() -> None:
+    reader = StreamReader(choices=1)
+    surrogate = '{"choices":[{"index":0,"delta":{"content":"a\\ud800"}}]}'
+    step = reader.feed_lines(["data: " + surrogate])
+    assert step is not None and step.choices[0].text == "a\ud800"
+    nan = '{"choices":[{"index":0,"delta":{"content":"b"},"logprobs":null}],"x":NaN}'
+    step = reader.feed_lines(["data: " + nan])
+    assert step is not None and step.choices[0].text == "b"
+
+
 def test_error_bodies_of_every_shape_give_their_message() -> None:
     from sluicegate.engine.upstream.wire import error_fields
 
