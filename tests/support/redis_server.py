@@ -3,6 +3,7 @@ that a test process shares among its tests."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import shutil
@@ -111,3 +112,19 @@ def shared_redis_url() -> str:
         atexit.register(server.kill)
         _shared = server
     return _shared.url
+
+
+def cache_entries(client: redis.Redis, prefix: str) -> list[bytes]:
+    """The response cache's entries under `prefix` (their locks left out)."""
+    return [k for k in client.scan_iter(match=f"{prefix}:cache:*") if not k.endswith(b":lock")]
+
+
+async def written_cache_entries(client: redis.Redis, prefix: str, count: int) -> list[bytes]:
+    """The response cache's entries under `prefix`, once there are `count`: a flight writes
+    its entry after its response is sent (`cache.flight`), so a client can read the answer
+    before the entry is stored. A safety bound of 10 s (a write takes milliseconds)."""
+    deadline = time.monotonic() + 10
+    while len(found := cache_entries(client, prefix)) < count:
+        assert time.monotonic() < deadline, f"{len(found)} entries stored, {count} expected"
+        await asyncio.sleep(0.01)
+    return found

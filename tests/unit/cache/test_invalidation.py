@@ -23,7 +23,12 @@ from sluicegate.cache.ttl import TtlPolicy, TtlRule
 from sluicegate.observability.metrics import CACHE_NEAR_INVALIDATIONS, CACHE_NEAR_REQUESTS
 from sluicegate.wiring import redis_client
 from tests.support.fakes import FakeEngine, fake_app, fake_completion, greedy_chat, serve_in_thread
-from tests.support.redis_server import RedisProcess, running_redis
+from tests.support.redis_server import (
+    RedisProcess,
+    cache_entries,
+    running_redis,
+    written_cache_entries,
+)
 
 MAX_LAG = 0.3
 PREFIX = "near"
@@ -145,7 +150,7 @@ async def test_an_entry_deleted_or_flushed_in_redis_is_a_miss_on_both(
     for gateway in gateways:
         gateway.engine.words = ["Old"]
     await a.ask(one)
-    (key,) = entries(raw)
+    (key,) = await written_cache_entries(raw, PREFIX, 1)
     await a.ask(two)
     for gateway in gateways:
         await near_hit_on(gateway, one)
@@ -161,7 +166,7 @@ async def test_an_entry_deleted_or_flushed_in_redis_is_a_miss_on_both(
 
 
 def entries(raw: redis.Redis) -> list[bytes]:
-    return [k for k in raw.scan_iter(match=f"{PREFIX}:cache:*") if not k.endswith(b":lock")]
+    return cache_entries(raw, PREFIX)
 
 
 async def test_redis_killed_no_near_hits_and_after_a_restart_no_stale_ones(

@@ -33,7 +33,12 @@ from tests.support.fakes import (
     serve_in_thread,
     sse_payloads,
 )
-from tests.support.redis_server import RedisProcess, shared_redis_url
+from tests.support.redis_server import (
+    RedisProcess,
+    cache_entries,
+    shared_redis_url,
+    written_cache_entries,
+)
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
@@ -273,7 +278,7 @@ def store_errors() -> float:
 def redis_entries(prefix: str) -> list[bytes]:
     client = redis.Redis.from_url(shared_redis_url())
     try:
-        return [k for k in client.scan_iter(match=f"{prefix}:cache:*") if not k.endswith(b":lock")]
+        return cache_entries(client, prefix)
     finally:
         client.close()
 
@@ -313,8 +318,8 @@ async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             await post(client, greedy_chat())
-            (entry,) = redis_entries(prefix)
             raw = redis.Redis.from_url(shared_redis_url())
+            (entry,) = await written_cache_entries(raw, prefix, 1)
             for garbage in (b"\x00garbage", b'{"version": 1, "key": "someone else"}'):
                 raw.set(entry, garbage)
                 response = await post(client, greedy_chat())
