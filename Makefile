@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-affinity bench-timeline bench-goodput bench-parity bench-probes clean
+	bench-metrics bench-upstream bench-profile bench-affinity bench-timeline bench-goodput bench-parity bench-probes clean
 
 all: check test
 
@@ -41,8 +41,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # llama.cpp's server (a dev extra, for the upstream tests) compiles from source: the
-# multimodal part is not needed.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# multimodal part is not needed, and the build is for any x86-64 CPU, not the building one's
+# (GGML_NATIVE=OFF). It is built once into a folder of its own and installed from there:
+# pip's wheel cache outlives the machine that filled it, and a wheel built for another
+# machine's CPU crashed here at its first token (a general protection fault in libggml-cpu).
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF
+LLAMA_CPP := $(shell grep -o 'llama-cpp-python\[server\]==[0-9.]*' pyproject.toml | sed 's/\[server\]//')
+LLAMA_WHEELS := $(HOME)/.cache/sluicegate/wheels/$(subst ==,-,$(LLAMA_CPP))-portable
 
 define pip_install
 	$(PIP) install -q -e '.[$(1)]'
@@ -55,6 +60,9 @@ $(ENGINE_STAMP): pyproject.toml | $(PY)
 	touch $@
 
 $(DEV_STAMP): $(ENGINE_STAMP) pyproject.toml
+	ls $(LLAMA_WHEELS)/*.whl >/dev/null 2>&1 || $(PIP) wheel -q --no-cache-dir --no-deps \
+		-w $(LLAMA_WHEELS) '$(LLAMA_CPP)'
+	$(PIP) install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/*.whl
 	$(call pip_install,$(TARGET)$(comma)dev)
 	touch $@
 
@@ -143,6 +151,10 @@ $(LITELLM_VENV)/.installed:
 
 bench-upstream: $(DEV_STAMP) $(LITELLM_VENV)/.installed
 	$(PY) bench/upstream_overhead.py --litellm $(LITELLM_VENV)/bin/litellm
+
+# Where the gateway's CPU goes: py-spy on a cache hit, an upstream stream, an engine stream.
+bench-profile: install $(DEV_STAMP)
+	$(PY) bench/profile_hot_path.py
 
 # Prefix affinity on two vLLM servers behind sluicegate: their prefix-cache hit rate, off and on.
 bench-affinity: install $(DEV_STAMP)

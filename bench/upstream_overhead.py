@@ -9,8 +9,10 @@ Three targets, each a streamed chat completion (`stream_options.include_usage`):
 - sluicegate: `sluicegate serve` with `SLUICEGATE_UPSTREAM_URLS` set to it, its defaults
   otherwise (aiohttp's transport under httpx), the response cache off (the requests repeat)
   and no API keys;
-- sluicegate-httpcore: the same with `SLUICEGATE_UPSTREAM_TRANSPORT=httpcore` (httpx's own
-  HTTP/1.1 stack), on the port after it;
+- sluicegate-b: the same with one setting changed (`--variant`): httpcore
+  (`SLUICEGATE_UPSTREAM_TRANSPORT=httpcore`, httpx's own HTTP/1.1 stack; the default) or
+  rendered (`SLUICEGATE_UPSTREAM_PASS_THROUGH=false`: every chunk parsed and rendered), on
+  the port after it;
 - litellm: the LiteLLM proxy (`litellm[proxy]` and httptools, in a venv of its own: its
   pins clash with the project's), one worker, routing every model to the upstream, with no
   database, no callbacks, no retries, no keys and errors-only logging (`litellm_config`).
@@ -62,7 +64,12 @@ from tests.support.fault_upstream import start as start_upstream
 from compare_vllm import RESULTS, ROOT, machine, publish, stop, wait_ready
 from overhead_ab import cpu_times
 
-TARGETS = ("direct", "sluicegate", "sluicegate-httpcore", "litellm")
+TARGETS = ("direct", "sluicegate", "sluicegate-b", "litellm")
+VARIANTS: dict[str, tuple[dict[str, str], str, str]] = {
+    # name: (sluicegate-b's settings, sluicegate's label, sluicegate-b's label)
+    "httpcore": ({"SLUICEGATE_UPSTREAM_TRANSPORT": "httpcore"}, "aiohttp", "httpcore"),
+    "rendered": ({"SLUICEGATE_UPSTREAM_PASS_THROUGH": "false"}, "pass-through", "rendered"),
+}
 GATEWAYS = TARGETS[1:]
 MODEL = "fault-model"
 
@@ -272,19 +279,16 @@ def run(args: argparse.Namespace) -> Results:
         )  # fmt: skip
         direct = Target("direct", f"{upstream.url}/chat/completions", upstream.process.pid)
         targets = {"direct": direct}
-        for offset, (name, transport) in enumerate(
-            (("sluicegate", "aiohttp"), ("sluicegate-httpcore", "httpcore")), start=1
-        ):
+        settings = VARIANTS[args.variant][0]
+        for offset, (name, extra) in enumerate((("sluicegate", {}), ("sluicegate-b", settings)), 1):
             if args.sluicegate_stand_in:
                 targets[name] = Target(name, direct.url, direct.pid)
                 continue
             processes.append(
                 start_sluicegate(
-                    args.port + offset, upstream.url,
-                    {"SLUICEGATE_UPSTREAM_TRANSPORT": transport},
-                    name=f"upstream-overhead-{name}",
+                    args.port + offset, upstream.url, extra, name=f"upstream-overhead-{name}"
                 )
-            )  # fmt: skip
+            )
             targets[name] = Target(
                 name, f"http://127.0.0.1:{args.port + offset}/v1/chat/completions",
                 processes[-1].pid,
@@ -312,11 +316,12 @@ def percentiles(rounds: list[dict[str, Any]], field: str) -> tuple[float, float]
     return 1000 * float(p50), 1000 * float(p99)
 
 
-def report(results: Results, stand_in: bool) -> str:
+def report(results: Results, stand_in: bool, variant: str = "httpcore") -> str:
     stand = " (stand-in: direct)" if stand_in else ""
+    _, a, b = VARIANTS[variant]
     label = {"direct": "upstream directly", "litellm": "LiteLLM proxy",
-             "sluicegate": f"sluicegate (aiohttp){stand}",
-             "sluicegate-httpcore": f"sluicegate (httpcore){stand}"}  # fmt: skip
+             "sluicegate": f"sluicegate ({a}){stand}",
+             "sluicegate-b": f"sluicegate ({b}){stand}"}  # fmt: skip
     lines = [
         "| concurrency | target | req/s | P50 latency ms | P99 latency ms | P50 TTFB ms "
         "| P99 TTFB ms | server CPU ms/request |",
@@ -349,7 +354,7 @@ def report(results: Results, stand_in: bool) -> str:
         for name in GATEWAYS:
             cells = " | ".join(f"{v:.2f}" for v in added[name])
             overheads.append(f"| {level} | {label[name]} | {cells} |")
-        for name in ("sluicegate", "sluicegate-httpcore"):
+        for name in ("sluicegate", "sluicegate-b"):
             ratios = [
                 s / v if v > 0 else float("nan")
                 for s, v in zip(added[name], added["litellm"], strict=True)
@@ -382,6 +387,10 @@ def main() -> None:
     parser.add_argument("--requests-per-slot", type=int, default=3)
     parser.add_argument("--min-requests", type=int, default=100)
     parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument(
+        "--variant", choices=sorted(VARIANTS), default="httpcore",
+        help="what the second sluicegate changes: its transport, or pass-through off",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=8830, help="upstream; gateways on +1 to +3")
     parser.add_argument(
         "--litellm", type=Path, default=ROOT / ".venv-litellm" / "bin" / "litellm",
@@ -400,7 +409,11 @@ def main() -> None:
         + ", ".join(f"{c}: {requests_at(c, args)}" for c in args.concurrency)
         + f"; {time.strftime('%Y-%m-%d')}"
     )
-    publish("upstream-overhead", heading, results, report(results, args.sluicegate_stand_in))
+    heading += f"; second sluicegate: {args.variant}"
+    publish(
+        "upstream-overhead", heading, results,
+        report(results, args.sluicegate_stand_in, args.variant),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -204,6 +204,13 @@ class Settings(BaseSettings):
         description="The HTTP/1.1 client under httpx's API: `aiohttp` (its C parser; see "
         "docs/upstream.md for the settings it does not honour) or `httpcore` (httpx's own).",
     )
+    upstream_pass_through: bool = Field(
+        default=True,
+        description="Hand a plain stream's chunks (one choice, no tools, no logprobs, nothing "
+        "for the response cache to collect) on as the upstream sent them, with the "
+        "gateway's id, time and model name put in, instead of parsing and rendering each "
+        "(docs/upstream.md).",
+    )
     upstream_connect_timeout: float = Field(
         default=5.0, gt=0, description="Seconds to open a connection to an upstream."
     )

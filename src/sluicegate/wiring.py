@@ -274,6 +274,7 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
         served_model_name=settings.served_model_name if entry is None else entry.name,
         model=model,
         max_model_len=max_model_len,
+        pass_through=settings.upstream_pass_through,
     )
 
 

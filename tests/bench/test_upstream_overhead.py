@@ -65,7 +65,7 @@ def test_the_table_subtracts_the_direct_figures_and_divides_the_overheads() -> N
     level = {
         "direct": rounds(10, 2),
         "sluicegate": rounds(11, 2.5),
-        "sluicegate-httpcore": rounds(12, 3),
+        "sluicegate-b": rounds(12, 3),
         "litellm": rounds(20, 7),
     }
     lines = report({100: level}, stand_in=False).splitlines()
@@ -84,3 +84,11 @@ def test_litellm_sends_every_model_to_the_upstream() -> None:
     bases = {m["litellm_params"]["api_base"] for m in config["model_list"]}
     assert bases == {"http://127.0.0.1:9/v1"}
     assert {m["model_name"] for m in config["model_list"]} == {"fault-model", "*"}
+
+
+def test_the_rendered_variant_names_both_sluicegates_by_their_path() -> None:
+    one = [{"req_per_s": 1.0, "cpu_ms_per_request": 1.0, "latency": [0.01], "ttfb": [0.001]}]
+    level = {name: one for name in ("direct", "sluicegate", "sluicegate-b", "litellm")}
+    text = report({1: level}, stand_in=False, variant="rendered")
+    assert "| 1 | sluicegate (pass-through) |" in text
+    assert "| 1 | **sluicegate (rendered) / LiteLLM** |" in text

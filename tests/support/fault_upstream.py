@@ -335,7 +335,7 @@ class Script:
         """The answer's words as they are (`words` control); None: the canned ones."""
         self.pad = pad
         self.created = int(time.time()) if created is None else created
-        self._events: dict[tuple[bool, int], list[bytes]] = {}
+        self._events: dict[tuple[bool, int, bool], list[bytes]] = {}
 
     def words(self, n: int) -> list[str]:
         if self.given is not None:
@@ -347,9 +347,11 @@ class Script:
     def finish_reason(self, n: int) -> str:
         return "length" if n < self.chunks else "stop"
 
-    def events(self, chat: bool, n: int) -> list[bytes]:
-        """The streamed events of an `n`-word answer, each to follow `data: {"id":"<id>"`."""
-        key = (chat, n)
+    def events(self, chat: bool, n: int, usage: bool = False) -> list[bytes]:
+        """The streamed events of an `n`-word answer, each to follow `data: {"id":"<id>"`,
+        as OpenAI writes them (compact; each chunk with `"usage":null` when the usage was
+        asked for)."""
+        key = (chat, n, usage)
         if key not in self._events:
             choices: list[dict[str, Any]]
             if chat:
@@ -360,21 +362,27 @@ class Script:
                 choices = [{"text": w, "finish_reason": None} for w in self.words(n)]
                 choices.append({"text": "", "finish_reason": self.finish_reason(n)})
             self._events[key] = [
-                self._tail(chat, {"index": 0, **c, "logprobs": None}) for c in choices
+                self._tail(chat, {"index": 0, **c, "logprobs": None}, None if usage else ())
+                for c in choices
             ]
         return self._events[key]
 
     def usage_event(self, chat: bool, usage: dict[str, int]) -> bytes:
         return self._tail(chat, None, usage)
 
-    def _tail(self, chat: bool, choice: dict[str, Any] | None, usage: Any = None) -> bytes:
+    def _tail(self, chat: bool, choice: dict[str, Any] | None, usage: Any = ()) -> bytes:
+        """An event after its id; `usage` () leaves the field out."""
+        if choice is not None:  # OpenAI's order: the finish reason last
+            choice = {k: v for k, v in choice.items() if k != "finish_reason"} | {
+                "finish_reason": choice.get("finish_reason")
+            }
         event: dict[str, Any] = {
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": [choice] if choice else [],
         }
-        if usage:
+        if usage != ():
             event["usage"] = usage
         return b'",' + json.dumps(event, separators=(",", ":")).encode()[1:] + b"\n\n"
 
@@ -636,7 +644,7 @@ class FaultUpstream:
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         head = b'data: {"id":"' + request_id.encode()
-        events = script.events(chat, n)
+        events = script.events(chat, n, usage is not None)
         if usage is not None:
             events = [*events, script.usage_event(chat, usage)]
         for index, tail in enumerate(events):

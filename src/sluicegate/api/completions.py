@@ -52,7 +52,7 @@ from sluicegate.observability.record import current_request, mark_model
 from sluicegate.observability.tracing import span
 from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import Opening, render_cached, stream_writer
+from sluicegate.wire.events import opens_early, render_cached, stream_writer
 from sluicegate.wire.requests import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger(__name__)
@@ -258,6 +258,9 @@ class Exchange:
         service, run = self.model.service, self.run
         flight = lookup.flight
         if flight is None:
+            if self.stream and run.plain_stream():
+                # Nothing collects this stream: the engine may hand on its own events.
+                run = self.run = run.passing_through()
             return service.generate(run)
         if lookup.leads:
             return flight.lead(service.generate(run))
@@ -270,7 +273,7 @@ class Exchange:
         )
         writer = stream_writer(self.run.format)
         keepalive = None
-        if isinstance(writer, Opening):
+        if opens_early(writer):
             every = self.state.timeouts.ping_after
             keepalive = Keepalive(writer.opening, writer.ping(), after=every, every=every)
         return await open_event_stream(

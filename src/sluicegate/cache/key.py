@@ -20,7 +20,11 @@ from typing import Literal
 from sluicegate.engine.protocol import Prompt, SamplingOptions
 
 KEY_VERSION = "v1"
-_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+_UNKEYED = frozenset({"pass_through"})
+"""Options that say how the output is handed on, not what it is."""
+_OPTION_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SamplingOptions) if f.name not in _UNKEYED
+)
 CachePolicy = Literal["off", "deterministic", "all"]
 
 

@@ -60,6 +60,10 @@ class SamplingOptions:
     max_tokens_given: bool = True
     """False: `max_tokens` only bounds what the gateway reserves, and the engine decides the
     length (an upstream whose tokens no budget could count, and no `max_tokens` asked)."""
+    pass_through: bool = False
+    """The run is a plain stream (`Run.plain_stream`) that nothing collects: an engine whose
+    output is already the client's wire (an upstream's chunks) may hand its events on as they
+    came (`ChoiceDelta.raw`) instead of text to render. Engines that cannot ignore it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,11 @@ class ChoiceDelta:
     stop_sequence: str | None = None
     """With finish reason `stop`: the stop string that ended the choice, where the engine
     says (vLLM does); None when it ended otherwise, or the engine does not say."""
+    raw: str | None = None
+    """With `SamplingOptions.pass_through`: the events this delta came from, framed as they
+    go to the client (`data: {...}` lines, each ended by a blank line), in the upstream's
+    envelope (its id, creation time and model name: `wire.passthrough` puts the run's in).
+    They stand for the delta's text, which is then not rendered."""
 
 
 @dataclass(frozen=True, slots=True)

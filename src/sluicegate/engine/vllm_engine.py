@@ -396,6 +396,7 @@ def _sampling_params(options: SamplingOptions) -> Any:
         structured_outputs=_structured_outputs(fields.pop("structured")),
     )
     del fields["max_tokens_given"]  # the budget always gives this engine its max_tokens
+    del fields["pass_through"]  # its output is tokens, rendered by the gateway
     return SamplingParams(
         **fields,
         output_kind=RequestOutputKind.DELTA,

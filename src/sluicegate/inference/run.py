@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.keys import ANONYMOUS
 from sluicegate.wire.formats import ResponseFormat
+from sluicegate.wire.passthrough import passes_through
 from sluicegate.wire.tools import ToolLimits
 
 
@@ -71,6 +72,24 @@ class Run:
         """Prompt tokens only the engine counted: not reserved before the run, so charged
         with its completion tokens when it ends."""
         return sum(self.counted.values())
+
+    def plain_stream(self) -> bool:
+        """Whether the run, streamed, could be its engine's own events (`wire.passthrough`):
+        one prompt, one choice, no logprobs, no echo, in a format with no events of its
+        own (a chat without tools, a text completion)."""
+        options = self.options
+        return (
+            len(self.prompts) == 1
+            and options.n == 1
+            and options.logprobs is None
+            and options.prompt_logprobs is None
+            and self.echo is None
+            and passes_through(self.format)
+        )
+
+    def passing_through(self) -> Run:
+        """The run asking its engine for its own events (`SamplingOptions.pass_through`)."""
+        return replace(self, options=replace(self.options, pass_through=True))
 
     @property
     def expected_choices(self) -> int:

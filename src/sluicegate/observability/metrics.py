@@ -299,6 +299,12 @@ UPSTREAM_REQUESTS = Counter(
     "(the client left).",
     ["upstream", "outcome"],
 )
+UPSTREAM_PASSED_THROUGH = Counter(
+    "sluicegate_upstream_passed_through_total",
+    "Streams whose chunks were handed on as the upstream sent them (UPSTREAM_PASS_THROUGH: "
+    "one choice, no tools or logprobs, nothing for the response cache to collect), not "
+    "parsed and rendered.",
+)
 UPSTREAM_FIRST_BYTE_SECONDS = Histogram(
     "sluicegate_upstream_first_byte_seconds",
     "Time from sending a request to an upstream to its first output event.",

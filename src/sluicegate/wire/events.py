@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import orjson
 
@@ -83,9 +83,34 @@ class CacheAware(Protocol):
     def answered_from_cache(self) -> None: ...
 
 
+def owns_stream(fmt: object) -> TypeGuard[OwnStream]:
+    return _implements(fmt, OwnStream)
+
+
+def opens_early(writer: object) -> TypeGuard[Opening]:
+    return _implements(writer, Opening)
+
+
+def cache_aware(fmt: object) -> TypeGuard[CacheAware]:
+    return _implements(fmt, CacheAware)
+
+
+_IMPLEMENTS: dict[tuple[type, Any], bool] = {}
+
+
+def _implements(obj: object, protocol: Any) -> bool:
+    """`isinstance(obj, protocol)` for a runtime-checkable protocol of methods, answered once
+    per class: the check itself walks the protocol's members (microseconds, per request)."""
+    key = (type(obj), protocol)
+    found = _IMPLEMENTS.get(key)
+    if found is None:
+        found = _IMPLEMENTS[key] = issubclass(key[0], protocol)
+    return found
+
+
 def stream_writer(fmt: ResponseFormat) -> StreamWriter:
     """The writer of a stream in `fmt`."""
-    return fmt.stream_writer() if isinstance(fmt, OwnStream) else EventWriter(fmt)
+    return fmt.stream_writer() if owns_stream(fmt) else EventWriter(fmt)
 
 
 class EventWriter:
@@ -167,7 +192,7 @@ def render_cached(
 ) -> RenderedAnswer:
     """A cached completion as the whole response body: the stream it was (with `[DONE]`), or
     the JSON body."""
-    if isinstance(fmt, CacheAware):
+    if cache_aware(fmt):
         fmt.answered_from_cache()
     if stream:
         body = replay_events(fmt, completion, include_usage)

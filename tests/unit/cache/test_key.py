@@ -75,9 +75,11 @@ def test_every_sampling_option_changes_the_key() -> None:
         "prompt_logprobs": 0,
         "max_tokens_given": False,
     }
-    assert set(changed) == {f.name for f in dataclasses.fields(SamplingOptions)}
+    unkeyed = {"pass_through"}  # how the output is handed on, not what it is
+    assert set(changed) == {f.name for f in dataclasses.fields(SamplingOptions)} - unkeyed
     keys = {key(dataclasses.replace(GREEDY, **{name: value})) for name, value in changed.items()}
     assert len(keys) == len(changed) and key() not in keys
+    assert key(dataclasses.replace(GREEDY, pass_through=True)) == key()
 
 
 def test_each_structured_constraint_changes_the_key() -> None:

@@ -81,3 +81,5 @@ class UpstreamConfig:
     """The model to ask the upstreams for; None: the first their `/v1/models` lists."""
     max_model_len: int = 2048
     """The context length when the upstream does not say (vLLM's `/v1/models` does)."""
+    pass_through: bool = True
+    """Plain streams hand on the upstream's chunks as they came (`wire.passthrough`)."""

@@ -56,6 +56,7 @@ from sluicegate.engine.upstream.tool_calls import UpstreamToolParser, reads_reco
 from sluicegate.engine.upstream.wire import (
     StreamReader,
     UpstreamStreamError,
+    encoded_body,
     error_fields,
     request_body,
 )
@@ -204,12 +205,14 @@ class UpstreamEngine:
         # unless it schedules by priority (docs/upstream.md).
         model = adapter or self.model
         path, body = request_body(model, prompt, options, options.max_tokens_given)
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        content = encoded_body(body)
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
         last: _Failure | None = None
         records = reads_records(prompt.chat)
+        raw = self._config.pass_through and options.pass_through and options.n == 1
+        raw = raw and not records
         listing = self._listing(adapter)
         while True:
             index = self._balancer.pick(_affinity_key(prompt), tried, listing)
@@ -224,7 +227,7 @@ class UpstreamEngine:
                 if len(tried) == len(self._upstreams):
                     raise _unavailable(last)
                 continue
-            reader = StreamReader(choices=options.n, records=records)
+            reader = StreamReader(choices=options.n, records=records, raw=raw)
             listed = adapter is None or adapter in upstream.models
             exchange = _Exchange(upstream, ticket, reader, listed)
             try:
@@ -296,7 +299,7 @@ class UpstreamEngine:
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body` to `path` (under /v1) on an upstream the balancer picks, with the
         pool's retries, breakers and error mapping, and its JSON answer."""
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        content = encoded_body(body)
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0

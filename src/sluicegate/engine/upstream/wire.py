@@ -60,6 +60,15 @@ def request_body(
     return path, body
 
 
+def encoded_body(body: Mapping[str, Any]) -> bytes:
+    """A request body as compact JSON in UTF-8: orjson's, or Python's for what orjson
+    refuses (a lone surrogate, escaped; an integer past 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
 def _chat_tools(body: dict[str, Any], chat: ChatPrompt) -> None:
     if chat.tools:
         body["tools"] = [dict(t) for t in chat.tools]
@@ -168,6 +177,10 @@ class StreamReader:
 
     choices: int
     records: bool = False
+    raw: bool = False
+    """Pass-through (`SamplingOptions.pass_through`, one choice): each step's delta carries
+    the events it came from (`ChoiceDelta.raw`), and a plain chunk (text, no finish reason,
+    usage or error) is handed on without being parsed."""
     counted: dict[int, int] = field(default_factory=dict)
     held: list[ChoiceDelta] = field(default_factory=list)
     usage: Usage | None = None
@@ -176,6 +189,8 @@ class StreamReader:
     def feed_lines(self, lines: list[str]) -> EngineStep | None:
         """Lines of the event stream as they came in one read: one step for all they add
         (each choice's text joined), if anything."""
+        if self.raw:
+            return self._feed_raw(lines)
         merged: dict[int, ChoiceDelta] = {}
         for line in lines:
             if self.done or not line.startswith("data:"):
@@ -192,8 +207,49 @@ class StreamReader:
                     found.logprobs = (found.logprobs or []) + delta.logprobs
         return EngineStep(choices=list(merged.values())) if merged else None
 
+    def _feed_raw(self, lines: list[str]) -> EngineStep | None:
+        """`feed_lines` passing the events through: one delta for the choice chunks of the
+        read, counted as `feed` counts them (a token per chunk with text). A plain chunk (text
+        only) is handed on without being parsed; another is parsed as `feed` does: the usage
+        event is kept (not handed on: the gateway renders its own), an error raised, and the
+        finishing chunk held with its event until the usage has come, as `feed` holds it."""
+        passed: list[str] = []
+        tokens = 0
+        for line in lines:
+            if self.done or not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if _plain_chunk(data):
+                passed.append(data)
+                counted = 0 if _empty_text(data) else 1
+                self.counted[0] = self.counted.get(0, 0) + counted
+                tokens += counted
+                continue
+            event = self._event(data)
+            if event is None:
+                continue
+            held = len(self.held)
+            deltas = list(self._deltas(event.get("choices") or ()))
+            if len(self.held) > held:
+                self.held[-1].raw = _framed([data])
+            elif event.get("choices"):
+                passed.append(data)
+                tokens += sum(d.num_tokens for d in deltas)
+        if not passed:
+            return None
+        return EngineStep(choices=[ChoiceDelta(0, "", tokens, raw=_framed(passed))])
+
     def feed(self, data: str) -> EngineStep | None:
         """One event's data; a step for what it adds, if anything."""
+        event = self._event(data)
+        if event is None:
+            return None
+        deltas = list(self._deltas(event.get("choices") or ()))
+        return EngineStep(choices=deltas) if deltas else None
+
+    def _event(self, data: str) -> dict[str, Any] | None:
+        """One event's data parsed, its usage kept; None for `[DONE]`. Raises
+        `UpstreamStreamError` for an error event, ValueError for what is not an object."""
         if data == "[DONE]":
             self.done = True
             return None
@@ -210,8 +266,7 @@ class StreamReader:
             self.usage = Usage(
                 int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
             )
-        deltas = list(self._deltas(event.get("choices") or ()))
-        return EngineStep(choices=deltas) if deltas else None
+        return event
 
     def finish(self) -> EngineStep:
         """The last step: the held finishing deltas, with the counts settled."""
@@ -245,6 +300,22 @@ class StreamReader:
             stop = choice.get("stop_reason")
             delta.stop_sequence = stop if isinstance(stop, str) else None
             self.held.append(delta)
+
+
+def _plain_chunk(data: str) -> bool:
+    """Whether an event is a choice chunk with no finish reason, usage or error: the
+    markers are looked for as compact JSON writes them, outside strings (where every quote
+    is escaped, so none can match). A server that writes spaced JSON has every event parsed."""
+    return '"finish_reason":null' in data and '"usage":{' not in data and '"error":' not in data
+
+
+def _empty_text(data: str) -> bool:
+    """Whether a plain chunk carries no text (a chat stream's opening `role` chunk)."""
+    return '"content":""' in data or '"text":""' in data or '"content":null' in data
+
+
+def _framed(events: list[str]) -> str:
+    return "".join(f"data: {data}\n\n" for data in events)
 
 
 def _choice_text(choice: Mapping[str, Any], records: bool) -> str:
