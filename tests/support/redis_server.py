@@ -129,3 +129,13 @@ async def written_cache_entries(client: redis.Redis, prefix: str, count: int) ->
         if len(found) >= count:
             return found
         await asyncio.sleep(0.01)  # polled: Redis tells no one of a write
+
+
+async def rewritten_cache_entry(client: redis.Redis, key: bytes, old: bytes) -> None:
+    """Once the entry at `key` holds something other than `old`: a miss rewrites the entry it
+    could not use after its response is sent, as a flight writes a new one
+    (`written_cache_entries`)."""
+    while True:
+        if client.get(key) != old:
+            return
+        await asyncio.sleep(0.01)  # polled: Redis tells no one of a write

@@ -36,6 +36,7 @@ from tests.support.fakes import (
 from tests.support.redis_server import (
     RedisProcess,
     cache_entries,
+    rewritten_cache_entry,
     shared_redis_url,
     written_cache_entries,
 )
@@ -325,6 +326,7 @@ async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
                 response = await post(client, greedy_chat())
                 assert response.headers["x-cache"] == "MISS"
                 assert response.json()["choices"][0]["message"]["content"] == "Hello there!"
+                await rewritten_cache_entry(raw, entry, garbage)
                 assert (await post(client, greedy_chat())).headers["x-cache"] == "HIT"
             raw.close()
     assert CACHE_STORE_ERRORS.labels(op="decode")._value.get() - errors == 2
