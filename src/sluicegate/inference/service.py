@@ -38,9 +38,9 @@ from sluicegate.inference.structured import (
 from sluicegate.inference.telemetry import GenerationTelemetry, count_structured
 from sluicegate.observability.record import mark_prepared
 from sluicegate.wire.completion import Collector, Completion
-from sluicegate.wire.events import stream_writer
+from sluicegate.wire.events import StreamWriter, stream_writer
 from sluicegate.wire.formats import ChatFormat, CompletionFormat, chat_format, completion_format
-from sluicegate.wire.passthrough import PassThroughWriter
+from sluicegate.wire.passthrough import PassThroughWriter, passes_through
 from sluicegate.wire.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -541,10 +541,11 @@ async def _events(
 
     `on_finish` runs after the closing events are rendered but before they are sent, so what
     it does (storing a response) is done by the time a client reads the end of the stream."""
-    writer = stream_writer(run.format)
-    if run.options.pass_through:
-        assert isinstance(run.format, ChatFormat | CompletionFormat)
-        writer = PassThroughWriter(run.format)
+    fmt = run.format
+    if run.options.pass_through and passes_through(fmt):
+        writer: StreamWriter = PassThroughWriter(fmt)
+    else:
+        writer = stream_writer(fmt)
     try:
         async with contextlib.aclosing(deltas):
             async for delta in deltas:

@@ -15,8 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-import orjson
-
+from sluicegate import fast_json
 from sluicegate.engine.protocol import ChoiceDelta
 from sluicegate.errors import GatewayError
 from sluicegate.wire.completion import ChoiceState, Completion, checked_finish
@@ -28,13 +27,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 def sse_event(data: Mapping[str, Any]) -> bytes:
     """One `data:` event, its JSON compact and in UTF-8 (as vLLM's server writes it)."""
-    try:
-        body = orjson.dumps(data)
-    except TypeError:
-        # What orjson refuses and Python's json writes: a lone surrogate (escaped), a key
-        # that is not a string, an integer past 64 bits.
-        body = json.dumps(data, separators=(",", ":")).encode()
-    return b"data: " + body + b"\n\n"
+    return b"data: " + fast_json.dumps(data) + b"\n\n"
 
 
 class StreamWriter(Protocol):
@@ -131,17 +124,26 @@ class EventWriter:
         fmt, index = self._fmt, delta.index
         state = self._states.get(index)
         if state is None:
-            state = self._states[index] = ChoiceState(index, retain=False)
             first = fmt.first_chunk(index)
             if first is not None:
                 yield first
-        state.add(delta)
+        state = self.account(delta)
         if delta.text or delta.logprobs:
             yield from fmt.delta_chunks(state, delta)
         if delta.finish_reason is not None:
+            yield from fmt.finish_chunks(state)
+
+    def account(self, delta: ChoiceDelta) -> ChoiceState:
+        """Count `delta` into its choice (opened by its first delta) and take its finish
+        reason; the choice's state."""
+        state = self._states.get(delta.index)
+        if state is None:
+            state = self._states[delta.index] = ChoiceState(delta.index, retain=False)
+        state.add(delta)
+        if delta.finish_reason is not None:
             state.finish_reason = checked_finish(delta.finish_reason)
             state.stop_sequence = delta.stop_sequence
-            yield from fmt.finish_chunks(state)
+        return state
 
     def completion(self, prompt_tokens: int) -> Completion:
         """What was sent, as counts: token counts and finish reasons, no text."""

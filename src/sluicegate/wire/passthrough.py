@@ -11,21 +11,19 @@ events are the gateway's own, as on the rendered path; a delta without events (t
 cannot pass them on) is rendered as `EventWriter` renders it, into the same choice.
 
 So, from an upstream that writes OpenAI's chunks as the gateway renders them, both paths send
-the same bytes (tests/unit/engine/upstream/test_passthrough.py holds them to it); from
+the same bytes (tests/integration/test_upstream_passthrough.py holds them to it); from
 another, the chunks keep the upstream's other fields (vLLM's `stop_reason`, say) and their
 order.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
+from typing import TypeGuard
 
-import orjson
-
+from sluicegate import fast_json
 from sluicegate.engine.protocol import ChoiceDelta
 from sluicegate.observability.metrics import UPSTREAM_PASSED_THROUGH
-from sluicegate.wire.completion import ChoiceState, checked_finish
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, CompletionFormat, ResponseFormat
 
@@ -34,7 +32,7 @@ _SEPARATORS = (":", ": ")
 (Python's `json.dumps` defaults: llama.cpp's Python server)."""
 
 
-def passes_through(fmt: ResponseFormat) -> bool:
+def passes_through(fmt: ResponseFormat) -> TypeGuard[ChatFormat | CompletionFormat]:
     """Whether a stream in `fmt` can be its engine's events: a chat without tools, or a text
     completion (not the Responses or Messages APIs, whose events are their own)."""
     if type(fmt) is ChatFormat:
@@ -53,13 +51,7 @@ class PassThroughWriter(EventWriter):
         if raw is None:
             yield from super().events(delta)
             return
-        state = self._states.get(delta.index)
-        if state is None:
-            state = self._states[delta.index] = ChoiceState(delta.index, retain=False)
-        state.add(delta)
-        if delta.finish_reason is not None:
-            state.finish_reason = checked_finish(delta.finish_reason)
-            state.stop_sequence = delta.stop_sequence
+        self.account(delta)
         swaps = self._swaps
         if swaps is None:
             swaps = self._swaps = self._learn(raw)
@@ -72,10 +64,7 @@ class PassThroughWriter(EventWriter):
         """The replacements that put the run's envelope in the upstream's events, read off
         the first event: each field as that server writes it (compact or spaced)."""
         first = raw[len("data: ") : raw.index("\n\n")]
-        try:
-            event = orjson.loads(first)
-        except orjson.JSONDecodeError:
-            event = json.loads(first)
+        event = fast_json.loads(first)
         fmt = self._envelope
         swaps: list[tuple[str, str]] = []
         for name, ours in (("id", fmt.id), ("created", fmt.created), ("model", fmt.model)):
@@ -97,4 +86,4 @@ class PassThroughWriter(EventWriter):
 
 
 def _json(value: object) -> str:
-    return orjson.dumps(value).decode()
+    return fast_json.dumps(value).decode()

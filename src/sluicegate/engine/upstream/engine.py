@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
+from sluicegate import fast_json
 from sluicegate.engine.protocol import (
     Embedding,
     EngineLoad,
@@ -56,7 +57,6 @@ from sluicegate.engine.upstream.tool_calls import UpstreamToolParser, reads_reco
 from sluicegate.engine.upstream.wire import (
     StreamReader,
     UpstreamStreamError,
-    encoded_body,
     error_fields,
     request_body,
 )
@@ -205,14 +205,14 @@ class UpstreamEngine:
         # unless it schedules by priority (docs/upstream.md).
         model = adapter or self.model
         path, body = request_body(model, prompt, options, options.max_tokens_given)
-        content = encoded_body(body)
+        content = fast_json.dumps(body)
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0
         last: _Failure | None = None
         records = reads_records(prompt.chat)
-        raw = self._config.pass_through and options.pass_through and options.n == 1
-        raw = raw and not records
+        # Passed through: one choice (`StreamReader._feed_raw` reads choice 0) without tools.
+        raw = self._config.pass_through and options.pass_through and options.n == 1 and not records
         listing = self._listing(adapter)
         while True:
             index = self._balancer.pick(_affinity_key(prompt), tried, listing)
@@ -299,7 +299,7 @@ class UpstreamEngine:
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body` to `path` (under /v1) on an upstream the balancer picks, with the
         pool's retries, breakers and error mapping, and its JSON answer."""
-        content = encoded_body(body)
+        content = fast_json.dumps(body)
         self._budget.deposit()
         tried: set[int] = set()
         attempt = 0

@@ -14,8 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from sluicegate import fast_json
 from sluicegate.engine.protocol import (
     ChatPrompt,
     ChoiceDelta,
@@ -58,15 +57,6 @@ def request_body(
         body["max_tokens"] = options.max_tokens
     _sampling(body, options, chat is not None)
     return path, body
-
-
-def encoded_body(body: Mapping[str, Any]) -> bytes:
-    """A request body as compact JSON in UTF-8: orjson's, or Python's for what orjson
-    refuses (a lone surrogate, escaped; an integer past 64 bits)."""
-    try:
-        return orjson.dumps(body)
-    except TypeError:
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _chat_tools(body: dict[str, Any], chat: ChatPrompt) -> None:
@@ -253,10 +243,7 @@ class StreamReader:
         if data == "[DONE]":
             self.done = True
             return None
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            event = json.loads(data)  # what orjson refuses and Python's reads: NaN, surrogates
+        event = fast_json.loads(data)
         if not isinstance(event, dict):
             raise ValueError("an event that is not a JSON object")
         if "error" in event and "choices" not in event:
