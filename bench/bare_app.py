@@ -1,7 +1,8 @@
 """The baseline for bench/cache_hits.py: a bare FastAPI endpoint returning constant JSON.
 
 Served on the same stack as sluicegate (uvicorn, uvloop, httptools, one process, no access
-log), so the difference between the two is what the gateway does on a cache hit.
+log), so the difference between the two is what the gateway does on a cache hit. With a
+second argument, that many uvicorn workers (bench/workers.py).
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ async def constant() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    # `bare_app.py PORT [WORKERS]`: with several, uvicorn's workers share the port.
+    workers = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     uvicorn.run(
-        app,
+        app if workers == 1 else "bare_app:app",
         host="127.0.0.1",
         port=int(sys.argv[1]),
+        workers=workers,
         loop="uvloop",
         http="httptools",
         access_log=False,

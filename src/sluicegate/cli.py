@@ -92,6 +92,10 @@ def _serve(overrides: dict[str, Any]) -> int:
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
+    if settings.workers > 1:
+        from sluicegate.supervisor import supervise
+
+        return supervise(settings)
     return serve(settings)
 
 

@@ -134,6 +134,13 @@ class KeyRateLimitError(RateLimitError):
     """The API key's own limits refused: another model would refuse it as well."""
 
 
+class BudgetExceededError(KeyRateLimitError):
+    """The API key's budget for the period is used up (OpenAI's exhausted quota)."""
+
+    error_type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+
 class BadGatewayError(GatewayError):
     """An upstream server failed (upstream mode), and no retry was left or allowed."""
 

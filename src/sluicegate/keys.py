@@ -17,7 +17,9 @@ import hmac
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 HASH_PREFIX = "sha256:"
 ANONYMOUS = "anonymous"
@@ -26,8 +28,51 @@ _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _EMPTY_DIGEST = hashlib.sha256(b"").digest()
 
 
+Period = Literal["day", "month"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBudget:
+    """What a key may spend per period (UTC): tokens, or cost in nano-units of the prices'
+    currency (`prices.Price`), so that sums stay exact."""
+
+    limit: int
+    unit: Literal["tokens", "cost"]
+    period: Period
+
+
+def utc_time(unix: float) -> str:
+    """A Unix time as a key's messages and headers give it (an expiry, a budget's reset):
+    `2026-12-05T00:00:00Z`."""
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """A managed key's own settings (`/admin/keys`); None fields fall back to the gateway's
+    defaults."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    priority: int | None = None
+    models: frozenset[str] | None = None
+    """The models it may use; None: every model."""
+    budget: KeyBudget | None = None
+    expires_at: float | None = None
+    """Unix time after which the key is refused."""
+
+    def permits(self, *names: str) -> bool:
+        """Whether the key may use a model known by any of `names` (the name asked for, an
+        alias, and the model it resolves to)."""
+        return self.models is None or any(name in self.models for name in names)
+
+
 class ApiKeyError(ValueError):
     """`SLUICEGATE_API_KEYS` cannot be used; the message says why, never the key."""
+
+
+def digest_of(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 def key_id(digest: bytes) -> str:
@@ -40,6 +85,8 @@ class Caller:
 
     key_id: str
     admin: bool = False
+    policy: KeyPolicy | None = None
+    """A managed key's settings; None for the keys of the settings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +133,10 @@ class ApiKeyring:
         """Who the key `token` is, or None if it is not one of ours."""
         if not token:  # no key given: whatever the ring holds, it is not a match
             return None
-        presented = hashlib.sha256(token.encode()).digest()
+        return self.match(digest_of(token))
+
+    def match(self, presented: bytes) -> Caller | None:
+        """Who the key whose digest is `presented` is, or None."""
         found: bytes | None = None
         for digest in self.digests:
             if hmac.compare_digest(presented, digest):

@@ -1,19 +1,26 @@
-"""Running the app under uvicorn (uvloop, httptools), one engine per process."""
+"""Running the app under uvicorn (uvloop, httptools): the whole gateway in one process, or one
+of several workers (`SLUICEGATE_WORKERS`, started by `supervisor.py`)."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import signal
+import socket
 import sys
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from sluicegate import wiring
 from sluicegate.app import create_app
+from sluicegate.child_process import watch_parent
 from sluicegate.http.connection import guarded_protocol
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.settings import Settings
+from sluicegate.worker import STOP_NOW, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +38,26 @@ class DrainingServer(uvicorn.Server):
     `Lifecycle.watch_engine`).
     """
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle):
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, worker: bool = False):
         super().__init__(config)
         self.lifecycle = lifecycle
+        self.worker = worker
+        """One of several workers: a stop signal only starts the drain (it may reach a worker
+        twice, from the terminal or systemd and from the supervisor); the supervisor's
+        `STOP_NOW` ends it."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.lifecycle.draining:
-            super().handle_exit(sig, frame)
+            if not self.worker:
+                super().handle_exit(sig, frame)
             return
         logger.info("draining: %d request(s) in flight", self.lifecycle.in_flight)
         self.lifecycle.begin_drain()
+
+    def stop_now(self, sig: int, frame: FrameType | None) -> None:
+        self.lifecycle.begin_drain()
+        # Not through uvicorn's handler, which would raise the signal again on the way out.
+        self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
         if self.lifecycle.drained():
@@ -48,21 +65,53 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(settings: Settings) -> int:
+def serve(
+    settings: Settings, worker: Worker | None = None, sock: socket.socket | None = None
+) -> int:
     """Serve until SIGINT/SIGTERM or the engine's death, then drain in-flight requests for
-    `shutdown_timeout`. The process's exit code: 0, or 3 after the engine died."""
-    if (warning := exposure_warning(settings)) is not None:
+    `shutdown_timeout`. The process's exit code: 0, or 3 after the engine died. A worker
+    serves on the supervisor's listening `sock`."""
+    worker = worker or Worker()
+    if worker.index == 0 and (warning := exposure_warning(settings)) is not None:
         logger.warning(warning)
     # Worker threads (tokenizing, truncating long inputs) run Python too; the event loop
     # waits for the GIL each time it wants it back, up to the switch interval: 1 ms instead
     # of 5 keeps every other request's wait small while one large request is worked on.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     lifecycle = Lifecycle(drain_timeout=settings.shutdown_timeout)
-    app = create_app(settings, lifecycle=lifecycle)
-    DrainingServer(server_config(settings, app), lifecycle).run()
+    engine_factory, embedder_factory = wiring.local_factories(worker)
+    app = create_app(
+        settings,
+        engine_factory=engine_factory,
+        embedder_factory=embedder_factory,
+        lifecycle=lifecycle,
+        worker=worker,
+    )
+    server = DrainingServer(server_config(settings, app), lifecycle, worker=not worker.alone)
+    if not worker.alone:
+        signal.signal(STOP_NOW, server.stop_now)
+    server.run(sockets=None if sock is None else [sock])
     if lifecycle.exit_code:
         logger.error("exiting with code %d: %s", lifecycle.exit_code, lifecycle.exit_reason)
     return lifecycle.exit_code
+
+
+def run_worker(settings: Settings, worker: Worker) -> None:
+    """A worker process's entry point (`supervisor`): listen on the gateway's port beside the
+    other workers (SO_REUSEPORT), serve, and exit with `serve`'s code."""
+    from sluicegate.observability.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format, worker.index)
+    sock = bind_socket(settings.host, settings.port, reuse_port=True)
+    sock.listen(settings.backlog)
+    # A supervisor killed outright leaves no one to stop the workers: each drains on its own.
+    watch_parent(os.getppid(), _orphaned)
+    sys.exit(serve(settings, worker, sock))
+
+
+def _orphaned() -> None:
+    logger.error("the supervisor is gone: draining, then exiting")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
@@ -88,14 +137,14 @@ def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
         timeout_keep_alive=settings.keep_alive_timeout,
         # The drain already waited; this only bounds the close of what is left.
         timeout_graceful_shutdown=1,
-        # One engine per process: several workers would each load the model.
+        # Several workers are ours (`supervisor`): uvicorn's would each load the model.
         workers=1,
     )
 
 
 def exposure_warning(settings: Settings) -> str | None:
     """A warning when the server is reachable from other machines and asks for no API key."""
-    if settings.api_keys is not None or _is_loopback(settings.host):
+    if settings.keyed or _is_loopback(settings.host):
         return None
     return (
         f"listening on {settings.host}:{settings.port}, reachable from other machines, with no "
@@ -111,3 +160,21 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to any interface
+
+
+def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to `host:port` (not listening yet), shared by the workers with
+    `reuse_port`."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -29,6 +29,7 @@ from sluicegate.cache.key import CachePolicy
 from sluicegate.engine.lora import VLLM_LORA_RANKS, parse_lora_modules
 from sluicegate.engine.model import DEFAULT_MODEL_NAME
 from sluicegate.keys import ApiKeyring
+from sluicegate.models.config import ModelPrice
 from sluicegate.observability.logs import LogFormat
 from sluicegate.wire.requests import MAX_MESSAGES, MAX_N, MAX_PROMPTS, Overflow, Truncation
 
@@ -306,6 +307,15 @@ class Settings(BaseSettings):
     # --- server ----------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address to bind.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port to bind.")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Front-end processes sharing the port, each with its own event loop; with "
+        "the in-process engine, each is a client of one engine core (vLLM's "
+        "--api-server-count). Above 1 the bounds on requests in flight and per-key shares hold "
+        "for all of them, and REDIS_URL is required (see docs/operations.md).",
+    )
     shutdown_timeout: float = Field(
         default=30.0,
         ge=0,
@@ -365,6 +375,51 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
+    )
+    managed_keys: bool = Field(
+        default=False,
+        description="Keys created, changed and revoked at run time through /admin/keys, kept "
+        "in Redis as digests and known to every replica within a second (docs/keys.md). Needs "
+        "REDIS_URL and ADMIN_API_KEYS; every request then needs a key (managed, or from "
+        "API_KEYS, which keep working beside them).",
+    )
+    key_sync_interval: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Seconds between two reads of the managed keys' changes from Redis.",
+    )
+    usage_ledger: bool = Field(
+        default=True,
+        description="Keep the usage ledger (per key, model and day) in Redis, for "
+        "/admin/usage and /v1/me/usage. Only with REDIS_URL.",
+    )
+    usage_flush_interval: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        description="Seconds between two batched writes of the usage ledger.",
+    )
+    usage_retention_days: int = Field(
+        default=400, ge=1, description="Days the ledger keeps each day's usage."
+    )
+    usage_give_up_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a failed ledger write is retried before its usage is dropped "
+        "(logged, and counted in sluicegate_usage_lost_total).",
+    )
+    model_prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description='JSON: {"<model>": {"input": X, "output": Y}}, prices per million tokens '
+        "(over the models file's `price`): the ledger's cost and budgets in cost.",
+    )
+    metrics_max_keys: int = Field(
+        default=100,
+        ge=0,
+        le=10000,
+        description="Keys with series of their own in the per-key metrics, per process (the "
+        "first seen); the others are counted as `other`.",
     )
 
     # --- browsers ---------------------------------------------------------------------
@@ -846,12 +901,55 @@ class Settings(BaseSettings):
                 f"max_cpu_loras must be at least max_loras ({self.max_cpu_loras} < "
                 f"{self.max_loras})"
             )
+        if self.workers > 1:
+            self._check_workers()
+        if self.managed_keys:
+            self._check_managed_keys()
         if self.budget_min_completion_tokens >= self.max_model_len:
             raise ValueError(
                 "budget_min_completion_tokens must be below max_model_len "
                 f"({self.budget_min_completion_tokens} >= {self.max_model_len})"
             )
         return self
+
+    def _check_workers(self) -> None:
+        """What several workers cannot do: a stored response (the Responses API) must be found
+        by whichever worker gets the conversation's next turn, so it needs Redis; and an adapter
+        loaded at run time would be known to one worker's engine client only (vLLM refuses
+        runtime LoRA with several API servers for the same reason)."""
+        if self.redis_url is None:
+            raise ValueError(
+                f"workers={self.workers} needs SLUICEGATE_REDIS_URL: stored responses (the "
+                "Responses API's previous_response_id) must be found by whichever worker serves "
+                "the next turn, and each worker's memory is its own"
+            )
+        if self.allow_runtime_lora:
+            raise ValueError(
+                f"allow_runtime_lora cannot be used with workers={self.workers}: an adapter "
+                "loaded through the API would be known to one worker only; list adapters in "
+                "SLUICEGATE_LORA_MODULES instead"
+            )
+
+    def _check_managed_keys(self) -> None:
+        if self.redis_url is None:
+            raise ValueError("managed_keys needs SLUICEGATE_REDIS_URL: the keys are kept there")
+        if self.admin_api_keys is None:
+            raise ValueError(
+                "managed_keys needs SLUICEGATE_ADMIN_API_KEYS: only admin keys may manage keys"
+            )
+
+    def keyring(self) -> ApiKeyring:
+        """The keys of the settings: API keys and admin keys, on one ring."""
+        keys, admin = self.api_keys, self.admin_api_keys
+        return ApiKeyring.of(
+            None if keys is None else keys.get_secret_value(),
+            None if admin is None else admin.get_secret_value(),
+        )
+
+    @property
+    def keyed(self) -> bool:
+        """Every request needs an API key (API_KEYS, or managed keys)."""
+        return self.api_keys is not None or self.managed_keys
 
     @property
     def upstreams(self) -> list[tuple[str, float]]:

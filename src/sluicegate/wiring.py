@@ -54,8 +54,11 @@ from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import RequestLimits
 from sluicegate.inference.service import CompletionService
 from sluicegate.inference.structured import StructuredLimits
+from sluicegate.keys import key_id
 from sluicegate.models.config import (
     ModelEntry,
+    ModelPrice,
+    ModelRateLimit,
     ModelsFileError,
     UpstreamEntry,
     check_entries,
@@ -63,13 +66,20 @@ from sluicegate.models.config import (
 )
 from sluicegate.models.registry import LocalEngine, ModelRegistry, ServiceFactory
 from sluicegate.models.served import ServedEmbedder, ServedModel
+from sluicegate.observability.key_label import KeyLabels
+from sluicegate.prices import Price
+from sluicegate.quota.budgets import BudgetKeeper
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
-from sluicegate.quota.quotas import ModelQuota, Quotas
+from sluicegate.quota.quotas import ModelQuota, Quotas, no_policies
 from sluicegate.quota.redis_limiter import RedisRateLimiter
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
+from sluicegate.tenancy.ledger import UsageLedger
+from sluicegate.tenancy.store import KeyStore
+from sluicegate.tenancy.usage import UsageReader
 from sluicegate.wire.tools import ToolLimits
+from sluicegate.worker import EMBEDDING, GENERATIVE, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +158,7 @@ def cache_config(settings: Settings) -> CacheConfig:
         policy=settings.cache_policy,
         prefix=settings.redis_key_prefix,
         # Tenants apart unless sharing is asked for; without keys everyone is `anonymous`.
-        per_key=settings.api_keys is not None and not settings.cache_shared_across_keys,
+        per_key=settings.keyed and not settings.cache_shared_across_keys,
         max_entry_bytes=settings.cache_max_entry_bytes,
         flight_timeout=settings.cache_flight_timeout,
         retry_interval=settings.cache_retry_interval,
@@ -166,11 +176,12 @@ def rate_limit_overrides(settings: Settings) -> dict[str, RateLimit]:
     }
 
 
-def sequence_share(settings: Settings) -> SequenceShare:
+def sequence_share(settings: Settings, worker: Worker | None = None) -> SequenceShare:
     """Each API key's share of the engine's sequences: half of them unless set, and no
-    bound without API keys (every request is then the same anonymous key)."""
+    bound without API keys (every request is then the same anonymous key). Counted where
+    every worker counts (`worker.tally`)."""
     per_key = settings.max_sequences_per_key
-    if settings.api_keys is None:
+    if not settings.keyed:
         per_key = None
     elif per_key is None:
         per_key = max(1, settings.max_num_seqs // 2)
@@ -178,7 +189,8 @@ def sequence_share(settings: Settings) -> SequenceShare:
         per_key=per_key,
         prioritize=settings.scheduling_policy == "priority",
         priorities=dict(settings.key_priorities),
-        keyed=settings.api_keys is not None,
+        keyed=settings.keyed,
+        tally=(worker or Worker()).tally,
     )
 
 
@@ -342,33 +354,91 @@ async def greet_redis(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
         logger.info("redis at %s answers", where)
 
 
-async def open_quotas(settings: Settings, client: redis.asyncio.Redis | None) -> Quotas:
-    """Rate limits in Redis when there is one (shared by replicas), else in this process.
+async def open_quotas(
+    settings: Settings,
+    client: redis.asyncio.Redis | None,
+    worker: Worker | None = None,
+    keys: KeyStore | None = None,
+    labels: KeyLabels | None = None,
+) -> Quotas:
+    """Rate limits in Redis when there is one (shared by replicas), else in this process;
+    with managed `keys`, their own limits, priorities and budgets (kept beside the limits).
 
     `RATE_LIMIT_REDIS_URL` gives them a Redis of their own (closed with the limiter);
-    either way, the Redis they use is checked for an eviction policy that could drop them."""
+    either way, the Redis they use is checked for an eviction policy that could drop them.
+    Of N workers, each enforces 1/N of what a process enforces in its own memory."""
+    worker = worker or Worker()
+    budgets = None
     limiter: RateLimiter
     own = settings.rate_limit_redis_url
     if own is not None:
         client = redis_client(own.get_secret_value(), settings.redis_max_connections)
         await greet_redis(client)
     if client is not None:
+        # What this process may admit by itself while Redis does not answer.
+        local_share = settings.rate_limit_local_share / worker.count
         limiter = RedisRateLimiter(
             client,
             prefix=settings.redis_key_prefix,
             op_timeout=settings.rate_limit_redis_timeout,
-            local_share=settings.rate_limit_local_share,
+            local_share=local_share,
             owns_client=own is not None,
         )
         await warn_if_evicting(client)
+        if keys is not None:
+            budgets = BudgetKeeper(
+                client,
+                prefix=settings.redis_key_prefix,
+                op_timeout=settings.rate_limit_redis_timeout,
+                local_share=local_share,
+                labels=labels or KeyLabels(settings.metrics_max_keys),
+            )
     else:
-        limiter = MemoryRateLimiter()
+        limiter = MemoryRateLimiter(share=1 / worker.count)
     return Quotas(
         limiter,
         default=default_rate_limit(settings),
         overrides=rate_limit_overrides(settings),
-        share=sequence_share(settings),
+        share=sequence_share(settings, worker),
+        policies=no_policies if keys is None else keys.policy,
+        budgets=budgets,
     )
+
+
+def open_key_store(settings: Settings, client: redis.asyncio.Redis | None) -> KeyStore | None:
+    """Managed keys (`MANAGED_KEYS`, which the settings allow only with Redis), or None. A new
+    key never takes the id of a key of the settings."""
+    if not settings.managed_keys or client is None:
+        return None
+    ring = settings.keyring()
+    return KeyStore(
+        client,
+        settings.redis_key_prefix,
+        reserved_ids=[key_id(d) for d in ring.digests],
+        sync_interval=settings.key_sync_interval,
+    )
+
+
+def open_ledger(
+    settings: Settings, client: redis.asyncio.Redis | None, models: ModelRegistry
+) -> UsageLedger | None:
+    """The usage ledger in Redis (`USAGE_LEDGER`), or None without Redis."""
+    if not settings.usage_ledger or client is None:
+        return None
+    return UsageLedger(
+        client,
+        settings.redis_key_prefix,
+        price_of=models.price_of,
+        flush_interval=settings.usage_flush_interval,
+        retention_days=settings.usage_retention_days,
+        give_up_after=settings.usage_give_up_seconds,
+    )
+
+
+def usage_reader(settings: Settings, client: redis.asyncio.Redis | None) -> UsageReader | None:
+    if not settings.usage_ledger or client is None:
+        return None
+    return UsageReader(client, settings.redis_key_prefix)
 
 
 async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
@@ -514,6 +584,49 @@ async def start_local_engine(settings: Settings) -> EngineClient:
     return await VLLMEngine.start(engine_config(settings, model))
 
 
+def local_engine_configs(settings: Settings) -> dict[str, EngineConfig | EmbeddingConfig]:
+    """The in-process engines the settings ask for, by kind (`worker.GENERATIVE`,
+    `worker.EMBEDDING`): what the supervisor launches a core of for its workers."""
+    configs: dict[str, EngineConfig | EmbeddingConfig] = {}
+    local = next((e for e in model_entries(settings) if e.is_local), None)
+    if local is not None:
+        named = settings.model_copy(update={"served_model_name": local.name})
+        configs[GENERATIVE] = engine_config(
+            named, resolve_model(named.model, named.model_cache_dir)
+        )
+    if settings.embedding_model is not None:
+        configs[EMBEDDING] = embedding_config(settings)
+    return configs
+
+
+def local_factories(worker: Worker) -> tuple[LocalFactory, EmbedderFactory]:
+    """The factories of the in-process engines: an engine core of its own for a single
+    process, else a client of the core the supervisor launched for the workers."""
+    if worker.alone:
+        return start_local_engine, start_local_embedder
+
+    async def attach_engine(settings: Settings) -> EngineClient:
+        from sluicegate.engine.vllm_load import LoadMeter
+
+        model = resolve_model(settings.model, settings.model_cache_dir)
+        config = engine_config(settings, model)
+        meter = LoadMeter(cores=config.data_parallel_size, board=worker.boards[GENERATIVE])
+        engine = await VLLMEngine.start(config, core=worker.cores[GENERATIVE], meter=meter)
+        worker.on_core_death(engine.abandon)
+        return engine
+
+    async def attach_embedder(settings: Settings) -> EmbeddingEngine:
+        from sluicegate.engine.vllm_embeddings import VLLMEmbedder
+
+        embedder = await VLLMEmbedder.start(
+            embedding_config(settings), core=worker.cores[EMBEDDING]
+        )
+        worker.on_core_death(embedder.abandon)
+        return embedder
+
+    return attach_engine, attach_embedder
+
+
 async def start_pool(config: UpstreamConfig) -> EngineClient | EmbeddingEngine:
     """The default pool factory of `create_app`: the upstreams of one model."""
     return await UpstreamEngine.start(config)
@@ -621,7 +734,7 @@ async def open_models(
                     service,
                     upstream_model,
                     now,
-                    _model_quota(entry.name, entry),
+                    _model_quota(entry.name, entry, settings),
                     forward=forward if entry.kind == "rerank" else None,
                 )
             )
@@ -644,7 +757,7 @@ async def open_models(
             root=root,
             created=now,
             fallbacks=tuple(entry.fallbacks),
-            quota=_model_quota(name, entry),
+            quota=_model_quota(name, entry, settings),
             local=entry.is_local,
         )
         models.append(served)
@@ -660,18 +773,31 @@ async def open_models(
         service = EmbeddingService(
             embedders[0], embedding_name, limits, identity=f"embed:{weights}"
         )
-        served_embedders.append(ServedEmbedder(embedding_name, service, folder, now, local=True))
+        quota = ModelQuota(embedding_name, price=_price(embedding_name, settings))
+        served_embedders.append(
+            ServedEmbedder(embedding_name, service, folder, now, quota, local=True)
+        )
     aliases = {alias: e.name for e in entries for alias in e.aliases}
     registry = ModelRegistry(models, aliases, factory, local, pools, served_embedders)
     await _load_started_adapters(settings, registry, local_entry)
     return registry
 
 
-def _model_quota(name: str, entry: ModelEntry) -> ModelQuota | None:
-    limit = entry.rate_limit
-    if limit is None or (limit.requests_per_minute is None and limit.tokens_per_minute is None):
-        return None
-    return ModelQuota(name, RateLimit(limit.requests_per_minute, limit.tokens_per_minute))
+def _model_quota(name: str, entry: ModelEntry, settings: Settings) -> ModelQuota:
+    """The model's limits across every key (none unless its entry has a `rate_limit`) and its
+    price (`MODEL_PRICES` over the entry's `price`)."""
+    limit = entry.rate_limit or ModelRateLimit()
+    return ModelQuota(
+        name,
+        RateLimit(limit.requests_per_minute, limit.tokens_per_minute),
+        _price(name, settings, entry.price),
+    )
+
+
+def _price(name: str, settings: Settings, listed: ModelPrice | None = None) -> Price | None:
+    """A model's price: `MODEL_PRICES`'s, over the one its models-file entry lists."""
+    price = settings.model_prices.get(name) or listed
+    return None if price is None else price.price()
 
 
 async def _load_started_adapters(

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +46,7 @@ from tests.support.monitoring import (
     substitute,
     variable_queries,
 )
+from tests.support.redis_server import shared_redis_url
 
 LOAD_SECONDS = 25.0
 WORKERS = 2
@@ -157,6 +159,10 @@ def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
             raise AssertionError(f"prometheus not ready:\n{log_path.read_text()[-3000:]}")
         time.sleep(0.2)
 
+
+ADMIN = "sk-monitoring-admin"
+BUDGET_TOKENS = 120
+"""A few requests' worth: the budgeted key is refused well before the load ends."""
 
 # ---- the load ------------------------------------------------------------------------------
 
@@ -280,10 +286,18 @@ async def drive_load(url: str, seconds: float) -> LoadReport:
 
 
 async def drive_upstream_load(url: str, seconds: float) -> LoadReport:
-    """Through the upstream-mode gateway: chats, streamed and not, one a second."""
+    """Through the upstream-mode gateway, which has managed keys: chats, streamed and not,
+    one a second, with a key of its own; and with a key whose small budget runs out, so the
+    per-key series and the budget's have data."""
     report = LoadReport()
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=180) as http:
+        keys = []
+        for settings in ({}, {"budget": {"tokens": BUDGET_TOKENS, "period": "day"}}):
+            made = await http.post(
+                f"{url}/admin/keys", json=settings, headers={"Authorization": f"Bearer {ADMIN}"}
+            )
+            keys.append({"Authorization": f"Bearer {made.json()['key']}"})
         turn = 0
         while time.monotonic() < deadline:
             turn += 1
@@ -294,8 +308,12 @@ async def drive_upstream_load(url: str, seconds: float) -> LoadReport:
                 "temperature": 0.7,
                 "stream": turn % 2 == 0,
             }
-            response = await http.post(f"{url}/v1/chat/completions", json=body)
+            response = await http.post(f"{url}/v1/chat/completions", json=body, headers=keys[0])
             report.add("upstream", response.status_code)
+            budgeted = await http.post(
+                f"{url}/v1/chat/completions", json={**body, "stream": False}, headers=keys[1]
+            )
+            report.add("budgeted", budgeted.status_code)
             await asyncio.sleep(1)
     return report
 
@@ -342,6 +360,11 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
                 "SLUICEGATE_UPSTREAM_URLS": f"{gateway.url}/v1",
                 "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "1",
                 "SLUICEGATE_CACHE_POLICY": "off",
+                # Managed keys, one with a budget (`drive_upstream_load`).
+                "SLUICEGATE_REDIS_URL": shared_redis_url(),
+                "SLUICEGATE_REDIS_KEY_PREFIX": f"monitoring-{uuid.uuid4().hex[:8]}",
+                "SLUICEGATE_MANAGED_KEYS": "true",
+                "SLUICEGATE_ADMIN_API_KEYS": ADMIN,
             },
         )
         targets = [f"127.0.0.1:{g.port}" for g in (gateway, upstream_mode)]
@@ -367,6 +390,9 @@ def test_the_load_exercised_every_path(monitored: Monitored) -> None:
     for kind in ("clamped", "trimmed", "traced", "cacheable", "stream", "dropped", "upstream"):
         assert set(statuses[kind]) == {200}, (kind, statuses[kind])
     assert set(statuses["unknown_model"]) == {404}
+    # The budgeted key is served, then refused once its budget is used up.
+    budgeted = statuses["budgeted"]
+    assert budgeted[0] == 200 and budgeted[-1] == 429 and set(budgeted) == {200, 429}
 
 
 def _check(prometheus: PrometheusServer, query: Query) -> str | None:

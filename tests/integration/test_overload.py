@@ -137,9 +137,10 @@ async def test_a_flood_is_refused_fast_while_admitted_requests_complete(
     assert metric_value(small.url, "vllm:num_requests_waiting") == 0
 
 
-# Run in a process of its own: every connection opened at once, each sends one request and
-# reads its answer to the end. Prints, per connection, [status, retry-after, error code],
-# or [0, the error] when it got no HTTP answer.
+# Run in a process of its own: every connection opened at once, and once all are open (so
+# the gateway holds more than MAX_CONNECTIONS at once, however fast it refuses), each sends
+# one request and reads its answer to the end. Prints, per connection, [status, retry-after,
+# error code], or [0, the error] when it got no HTTP answer.
 BURST_CLIENT = r"""
 import asyncio, json, sys
 
@@ -149,10 +150,16 @@ request = (
     b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(payload)
 ) + payload
 
-async def one(start):
+async def one(start, opened, go):
     await start.wait()
     try:
         reader, writer = await asyncio.open_connection(host, port)
+    except Exception as exc:
+        opened()
+        return [0, repr(exc)]
+    opened()
+    await go.wait()
+    try:
         writer.write(request)
         raw = await asyncio.wait_for(reader.read(-1), 120)
         writer.close()
@@ -168,8 +175,15 @@ async def one(start):
     return [status, headers.get("retry-after"), code]
 
 async def main():
-    start = asyncio.Event()
-    tasks = [asyncio.create_task(one(start)) for _ in range(count)]
+    start, go = asyncio.Event(), asyncio.Event()
+    waiting = [count]
+
+    def opened():
+        waiting[0] -= 1
+        if not waiting[0]:
+            go.set()
+
+    tasks = [asyncio.create_task(one(start, opened, go)) for _ in range(count)]
     await asyncio.sleep(0.1)
     start.set()
     print(json.dumps(await asyncio.gather(*tasks)))

@@ -27,6 +27,7 @@ from tests.support.gateway import (
     start_gateway,
 )
 from tests.support.metrics import metric_value
+from tests.support.redis_server import shared_redis_url
 
 CHAT = {
     "model": "fault-model",
@@ -57,21 +58,45 @@ def normal(upstreams: list[FaultUpstreamProcess]) -> None:
 
 
 class Where(NamedTuple):
-    """Where a test's gateway logs, and the transport it speaks to its upstreams over."""
+    """Where a test's gateway logs, the transport it speaks to its upstreams over, and how
+    many workers it runs."""
 
     log_dir: Path
     transport: str
+    workers: int = 1
 
 
 def _gateway(where: Where, urls: list[str], **settings: str) -> GatewayProcess:
+    # Several workers need Redis (the Responses store); each keeps its own pools and breakers.
+    shared = {"SLUICEGATE_REDIS_URL": shared_redis_url()} if where.workers > 1 else {}
     env = {
         "SLUICEGATE_UPSTREAM_URLS": ",".join(urls),
         "SLUICEGATE_UPSTREAM_TRANSPORT": where.transport,
+        "SLUICEGATE_WORKERS": str(where.workers),
+        # A test's kept-alive connection outlives its waits (see `_client`).
+        "SLUICEGATE_KEEP_ALIVE_TIMEOUT": "120",
+        **shared,
         "SLUICEGATE_CACHE_POLICY": "off",
         "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "0.5",
         **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
     }
     return start_gateway(where.log_dir, env=env)
+
+
+_clients: dict[int, httpx.Client] = {}
+
+
+def _client(gateway: GatewayProcess) -> httpx.Client:
+    """One kept-alive connection to the gateway, so that a test's requests all meet the same
+    worker: with several workers each keeps its own pools, breakers, health, retry budget and
+    upstreams' Retry-After (docs/operations.md), and a new connection may go to either."""
+    client = _clients.get(gateway.port)
+    if client is None:
+        limits = httpx.Limits(max_connections=1, keepalive_expiry=120)
+        client = _clients[gateway.port] = httpx.Client(
+            base_url=gateway.url, timeout=30, limits=limits
+        )
+    return client
 
 
 @pytest.fixture(scope="module", params=["aiohttp", "httpcore"])
@@ -80,9 +105,15 @@ def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-worker", "two-workers"])
+def workers(request: pytest.FixtureRequest) -> int:
+    """And with one worker and with two (`SLUICEGATE_WORKERS`)."""
+    return int(request.param)
+
+
 @pytest.fixture
-def gateway_dir(tmp_path: Path, transport: str) -> Where:
-    return Where(tmp_path, transport)
+def gateway_dir(tmp_path: Path, transport: str, workers: int) -> Where:
+    return Where(tmp_path, transport, workers)
 
 
 def _events(response: httpx.Response) -> list[str]:
@@ -140,6 +171,9 @@ def test_retries_give_up_with_the_upstreams_error(
         gateway.stop()
 
 
+_OPEN_SECONDS = 5.0
+
+
 def test_the_breaker_opens_then_closes(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
@@ -149,32 +183,35 @@ def test_the_breaker_opens_then_closes(
         [upstream.url],
         upstream_max_retries="0",
         upstream_breaker_failures="3",
-        upstream_breaker_open_seconds="1.5",
+        # Long enough that the checks of the open state below come well within it on a
+        # loaded machine (a CI run once took over 1.5 s from the third failure to a scrape).
+        upstream_breaker_open_seconds=str(_OPEN_SECONDS),
     )
     try:
         label = upstream.url
         upstream.control(status=500)
         for _ in range(3):
-            reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            reply = _client(gateway).post("/v1/chat/completions", json=CHAT, timeout=30)
             assert reply.status_code == 502
         assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 1
         # Open: refused at once, without reaching the upstream.
         reached = len(upstream.arrivals())
-        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        reply = _client(gateway).post("/v1/chat/completions", json=CHAT, timeout=30)
         assert reply.status_code == 503
         assert len(upstream.arrivals()) == reached
         upstream.control(reset_all=True)
-        # Half-open once its 1.5 s are over (polled from then: a fixed wait is no deadline
+        # Half-open once its seconds are over (polled from then: a fixed wait is no deadline
         # for a loaded machine).
         waited = time.monotonic()
-        time.sleep(1.5)
+        time.sleep(_OPEN_SECONDS)
         while (
             state := metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label)
         ) != 2:
-            assert time.monotonic() - waited < 10, f"the breaker's state is still {state:g}"
+            late = time.monotonic() - waited
+            assert late < _OPEN_SECONDS + 15, f"the breaker's state is still {state:g}"
             time.sleep(0.1)
         # Half-open: the trial request succeeds and closes it.
-        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        reply = _client(gateway).post("/v1/chat/completions", json=CHAT, timeout=30)
         assert reply.status_code == 200
         assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 0
     finally:
@@ -273,18 +310,18 @@ def test_ready_is_503_while_no_upstream_is_healthy(
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url])
     try:
-        assert httpx.get(gateway.url + "/ready").status_code == 200
+        assert _client(gateway).get("/ready").status_code == 200
         upstream.control(down=True)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code == 200:
+        while time.monotonic() < deadline and _client(gateway).get("/ready").status_code == 200:
             time.sleep(0.1)
-        assert httpx.get(gateway.url + "/ready").status_code == 503
+        assert _client(gateway).get("/ready").status_code == 503
         assert metric_value(gateway.url, "sluicegate_upstream_healthy", upstream=upstream.url) == 0
         upstream.control(reset_all=True)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and httpx.get(gateway.url + "/ready").status_code != 200:
+        while time.monotonic() < deadline and _client(gateway).get("/ready").status_code != 200:
             time.sleep(0.1)
-        assert httpx.get(gateway.url + "/ready").status_code == 200
+        assert _client(gateway).get("/ready").status_code == 200
     finally:
         gateway.stop()
 
@@ -380,7 +417,7 @@ def test_retries_stop_when_the_retry_budget_is_spent(
         upstream.control(status=502)
         requests = 10
         for _ in range(requests):
-            reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            reply = _client(gateway).post("/v1/chat/completions", json=CHAT, timeout=30)
             assert reply.status_code == 502
         hits = len(upstream.arrivals())
         # Unbounded, each request would be tried 3 times (30 hits). The budget allows the
@@ -421,7 +458,11 @@ def test_sequential_requests_reuse_the_upstream_connections(
     upstream = upstreams[0]
     gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
     try:
-        upstream.control(reset_stats=True)  # the connections of start-up left out
+        # Every worker answers once first: a worker's start-up health probe may still hold its
+        # pool's connection when its first request comes, which then opens a second one. The
+        # connections of start-up are left out.
+        _answered_by_every_worker(gateway, gateway_dir.workers)
+        upstream.control(reset_stats=True)
         requests = 20
         for stream in (False, True) * (requests // 2):
             body = {**CHAT, "stream": stream}
@@ -433,6 +474,19 @@ def test_sequential_requests_reuse_the_upstream_connections(
         assert stats["connections_accepted"] <= 2, stats["connections_accepted"]
     finally:
         gateway.stop()
+
+
+def _answered_by_every_worker(gateway: GatewayProcess, workers: int) -> None:
+    """Requests on new connections until each of the gateway's workers has answered one (the
+    kernel deals connections out to them by their ports, SO_REUSEPORT)."""
+    seen: set[str] = set()
+    for _ in range(64):
+        reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert reply.status_code == 200, reply.text
+        seen.add(reply.headers.get("x-sluicegate-worker", "0"))
+        if len(seen) == workers:
+            return
+    raise AssertionError(f"64 connections all went to the workers {sorted(seen)}")
 
 
 @contextlib.contextmanager
@@ -456,7 +510,7 @@ def _content(events: list[str]) -> str:
 
 
 def _chat(gateway: GatewayProcess, body: dict[str, object] | None = None) -> httpx.Response:
-    return httpx.post(gateway.url + "/v1/chat/completions", json=body or CHAT, timeout=30)
+    return _client(gateway).post("/v1/chat/completions", json=body or CHAT, timeout=30)
 
 
 def _until_served(gateway: GatewayProcess, within: float) -> float:

@@ -29,6 +29,9 @@ class RedisProcess:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     pauses: list[threading.Thread] = field(default_factory=list)
+    persist: bool = False
+    """Write every change to an append-only file first: a server killed and started again
+    (`start`) comes back with everything it had answered."""
 
     @property
     def url(self) -> str:
@@ -37,9 +40,14 @@ class RedisProcess:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is installed by `make test` (scripts/ensure-redis.sh)"
+        durability = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persist
+            else ["--appendonly", "no"]
+        )
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder), "--enable-debug-command", "yes"],
+             *durability, "--dir", str(self.folder), "--enable-debug-command", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         client = redis.Redis(port=self.port)
@@ -88,9 +96,9 @@ class RedisProcess:
 
 
 @contextlib.contextmanager
-def running_redis(folder: Path) -> Iterator[RedisProcess]:
+def running_redis(folder: Path, persist: bool = False) -> Iterator[RedisProcess]:
     """A Redis server of its own, killed when the block ends."""
-    server = RedisProcess(folder)
+    server = RedisProcess(folder, persist=persist)
     server.start()
     try:
         yield server

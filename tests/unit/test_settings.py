@@ -137,3 +137,14 @@ def test_token_budget_defaults_and_refused_values(monkeypatch: pytest.MonkeyPatc
     assert "budget_min_completion_tokens must be below max_model_len" in describe_error(
         caught.value
     )
+
+
+def test_several_workers_need_redis_and_no_runtime_adapters() -> None:
+    with pytest.raises(ValidationError) as no_redis:
+        Settings(workers=2)
+    assert "SLUICEGATE_REDIS_URL" in describe_error(no_redis.value)
+    with pytest.raises(ValidationError) as runtime_lora:
+        Settings(workers=2, redis_url="redis://localhost:6379/0", allow_runtime_lora=True)
+    assert "LORA_MODULES" in describe_error(runtime_lora.value)
+    assert Settings(workers=2, redis_url="redis://localhost:6379/0").workers == 2
+    assert Settings(allow_runtime_lora=True).workers == 1

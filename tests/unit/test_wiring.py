@@ -139,7 +139,7 @@ async def test_rate_limits_take_their_own_redis_when_given_one(
         with caplog.at_level(logging.WARNING, logger="sluicegate.wiring"):
             quotas = await wiring.open_quotas(config, None)
         assert isinstance(quotas.limiter, RedisRateLimiter)
-        await quotas.admit("key-a", 0)
+        await quotas.admit("key-a", 0, 0)
         keys = redis.Redis(port=limits_redis.port).keys("sluicegate:gcra:*")
         assert keys == [b"sluicegate:gcra:{key-a}:req"]
         await quotas.limiter.close()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluicegate.api.deps import StateDep
+from sluicegate.api.deps import StateDep, models_for
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.cache.response_cache import Lookup
 from sluicegate.errors import (
@@ -108,7 +108,7 @@ async def respond(
 ) -> Response:
     """The request answered by `model` (an alias or adapter resolved), or by its fallbacks
     in order while each fails before its first byte."""
-    chain = state.models.chain(model)
+    chain = models_for(request, state).chain(model)
     asked = chain[0]
     for position, served in enumerate(chain):
         try:
@@ -246,7 +246,11 @@ class Exchange:
     async def answer_from_cache(self, completion: Completion) -> Response:
         answer = render_cached(self.run.format, completion, self.stream, self.run.include_usage)
         if (record := current_request()) is not None:
-            record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+            record.add_usage(
+                completion.prompt_tokens,
+                completion.completion_tokens,
+                cached=completion.prompt_tokens,
+            )
         await self._settle(completion.completion_tokens)
         if self.answered is not None:
             await self.answered()
@@ -321,11 +325,12 @@ class Exchange:
         if self.reservation is not None:
             self.state.quotas.runs_elsewhere(self.reservation)
 
-    async def _settle(self, completion_tokens: int) -> None:
-        """Charge what the run produced instead of what was reserved; free its sequences.
-        Runs once, however the exchange ended (`Quotas.release` ignores later calls)."""
+    async def _settle(self, completion_tokens: int, prompt_tokens: int = 0) -> None:
+        """Charge what the run produced (and the prompt tokens only the engine counted)
+        instead of what was reserved; free its sequences. Runs once, however the exchange
+        ended (`Quotas.release` ignores later calls)."""
         if self.reservation is not None:
-            await self.state.quotas.release(self.reservation, completion_tokens)
+            await self.state.quotas.release(self.reservation, completion_tokens, prompt_tokens)
 
     def _time_left(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()

@@ -10,9 +10,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from sluicegate.errors import AuthenticationError, EngineUnavailableError, PermissionDeniedError
-from sluicegate.http.asgi import api_key_id, is_admin
+from sluicegate.http.asgi import api_key_id, caller_policy, is_admin
 from sluicegate.http.state import AppState, app_state
 from sluicegate.keys import ANONYMOUS
+from sluicegate.models.permitted import PermittedModels
 
 
 async def get_state(request: Request) -> AppState:
@@ -29,6 +30,19 @@ async def get_key_id(request: Request) -> str:
 
 StateDep = Annotated[AppState, Depends(get_state)]
 KeyIdDep = Annotated[str, Depends(get_key_id)]
+
+
+def models_for(request: Request, state: AppState) -> PermittedModels:
+    """The models the caller's key may use (every model, but for a managed key limited to
+    some)."""
+    return PermittedModels(state.models, caller_policy(request.scope))
+
+
+async def get_models(request: Request, state: StateDep) -> PermittedModels:
+    return models_for(request, state)
+
+
+ModelsDep = Annotated[PermittedModels, Depends(get_models)]
 
 
 async def require_admin(request: Request, state: StateDep) -> None:

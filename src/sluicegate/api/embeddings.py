@@ -23,7 +23,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sluicegate.api.deps import StateDep
+from sluicegate.api.deps import StateDep, models_for
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.engine.protocol import Embedding
 from sluicegate.http.asgi import api_key_id, counted
@@ -39,7 +39,7 @@ router = APIRouter(prefix="/v1", tags=["embeddings"], route_class=LargeBodyRoute
 
 @router.post("/embeddings", response_model=None)
 async def create_embeddings(body: EmbeddingRequest, request: Request, state: StateDep) -> Response:
-    model = state.models.resolve_embedder(body.model)
+    model = models_for(request, state).resolve_embedder(body.model)
     inputs = model.service.check(body)
     embedded = await embed(
         state, request, model, inputs, body.dimensions, body.truncate_prompt_tokens
@@ -52,7 +52,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, state: Sta
 
 @router.post("/rerank", response_model=None)
 async def rerank(body: RerankRequest, request: Request, state: StateDep) -> Response:
-    model = state.models.resolve_embedder(body.model)
+    model = models_for(request, state).resolve_embedder(body.model)
     if model.forward is not None:
         return await _forwarded(state, request, model, "/rerank", body.model_dump())
     texts = [body.query, *body.texts()]
@@ -65,7 +65,7 @@ async def rerank(body: RerankRequest, request: Request, state: StateDep) -> Resp
 
 @router.post("/score", response_model=None)
 async def score(body: ScoreRequest, request: Request, state: StateDep) -> Response:
-    model = state.models.resolve_embedder(body.model)
+    model = models_for(request, state).resolve_embedder(body.model)
     if model.forward is not None:
         return await _forwarded(state, request, model, "/score", body.model_dump())
     first, second = body.sides()
@@ -124,9 +124,9 @@ async def embed(
         used = sum(e.prompt_tokens for e in vectors)
     finally:
         # Tokens only the engine counted (texts sent to an upstream without a tokenizer).
-        await state.quotas.release(reservation, max(0, used - reserved))
+        await state.quotas.release(reservation, 0, prompt_tokens=max(0, used - reserved))
     if (record := current_request()) is not None:
-        record.add_usage(used, 0)
+        record.add_usage(used, 0, cached=batch.cached_tokens())
     return Embedded(vectors, used, {"x-cache": batch.outcome, **reservation.headers})
 
 
@@ -146,7 +146,7 @@ async def _forwarded(
         answer = await model.forward(path, {**body, "model": model.root})
         used = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
     finally:
-        await state.quotas.release(reservation, used)
+        await state.quotas.release(reservation, 0, prompt_tokens=used)
     answer["model"] = model.name
     if (record := current_request()) is not None:
         record.add_usage(used, 0)

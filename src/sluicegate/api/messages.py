@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sluicegate.api.completions import Prepared, respond
-from sluicegate.api.deps import StateDep
+from sluicegate.api.deps import ModelsDep, StateDep
 from sluicegate.api.route import CountedRoute, LargeBodyRoute
 from sluicegate.errors import InvalidRequestError
 from sluicegate.http.errors import validated
@@ -58,9 +58,9 @@ async def create_message(body: MessagesRequest, request: Request, state: StateDe
 
 
 @counting.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, int]:
+async def count_tokens(body: CountTokensRequest, models: ModelsDep) -> dict[str, int]:
     """The input tokens the token budget counts for the request on its model."""
-    model = state.models.resolve(body.model)
+    model = models.resolve(body.model)
 
     def chat() -> dict[str, Any]:
         fields = tool_fields(body.tools, body.tool_choice)

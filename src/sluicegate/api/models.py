@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from sluicegate.api.deps import StateDep
+from sluicegate.api.deps import ModelsDep
 from sluicegate.errors import ModelNotFoundError
 from sluicegate.wire.formats import ModelCard
 
@@ -14,13 +14,13 @@ router = APIRouter(prefix="/v1", tags=["models"])
 
 
 @router.get("/models")
-async def list_models(state: StateDep) -> dict[str, Any]:
-    return {"object": "list", "data": state.models.cards()}
+async def list_models(models: ModelsDep) -> dict[str, Any]:
+    return {"object": "list", "data": models.cards()}
 
 
 @router.get("/models/{model:path}")
-async def retrieve_model(model: str, state: StateDep) -> ModelCard:
-    for card in state.models.cards():
+async def retrieve_model(model: str, models: ModelsDep) -> ModelCard:
+    for card in models.cards():
         if card["id"] == model:
             return card
     raise ModelNotFoundError(f"The model `{model}` does not exist.", param="model")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import redis.asyncio
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
 
+from sluicegate.background import Background
 from sluicegate.cache.near import NearCache
 from sluicegate.observability.metrics import CACHE_NEAR_CONNECTED
 from sluicegate.observability.throttled import ThrottledWarning
@@ -59,16 +59,13 @@ class InvalidationListener:
         self._retry = max(retry_interval, 0.1)
         self._clock = clock
         self._warning = ThrottledWarning(logger)
-        self._task: asyncio.Task[None] | None = None
+        self._listening = Background()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._listening.start(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._listening.stop()
         self._near.disconnect()
 
     async def _run(self) -> None:

@@ -24,6 +24,8 @@ from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from sluicegate.engine.vllm_core import CoreClient
+
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingConfig:
@@ -70,6 +72,23 @@ def embedding_arguments(config: EmbeddingConfig, on_gpu: bool) -> dict[str, Any]
     return args
 
 
+def embedding_vllm_config(config: EmbeddingConfig, clients: int = 1, rank: int = 0) -> Any:
+    """vLLM's configuration of the pooling engine (see `vllm_engine.engine_vllm_config`)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    from sluicegate.engine.vllm_engine import cuda_available
+
+    # Read when the configuration is made, below, before any await: the other engine's
+    # start cannot change it in between.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
+    engine_args = AsyncEngineArgs(**embedding_arguments(config, cuda_available()))
+    if clients > 1:
+        engine_args._api_process_count = clients
+        engine_args._api_process_rank = rank
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
 class VLLMEmbedder:
     """`EmbeddingEngine` over an in-process `AsyncLLM` running vLLM's pooling runner."""
 
@@ -80,26 +99,23 @@ class VLLMEmbedder:
         self._checked: dict[int, str | None] = {}
 
     @classmethod
-    async def start(cls, config: EmbeddingConfig) -> VLLMEmbedder:
-        from vllm.engine.arg_utils import AsyncEngineArgs
+    async def start(cls, config: EmbeddingConfig, core: CoreClient | None = None) -> VLLMEmbedder:
+        """Start the engine, its core in a child process; or, with `core`, become one of the
+        clients of a core the supervisor started (`SLUICEGATE_WORKERS`)."""
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from sluicegate.engine.vllm_engine import cuda_available
         from sluicegate.engine.vllm_process import executor_class
 
-        on_gpu = cuda_available()
-        # Read when the configuration is made, below, before any await: the other engine's
-        # start cannot change it in between.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
-        engine_args = AsyncEngineArgs(**embedding_arguments(config, on_gpu))
-        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        count, index = (1, 0) if core is None else (core.count, core.index)
+        vllm_config = embedding_vllm_config(config, clients=count, rank=index)
         llm = AsyncLLM(
             vllm_config=vllm_config,
             executor_class=executor_class(vllm_config),
             usage_context=UsageContext.OPENAI_API_SERVER,
             log_requests=False,
             log_stats=False,
+            **({} if core is None else core.client_arguments()),
         )
         try:
             tokenizer = HFPromptTokenizer(llm.get_tokenizer())
@@ -176,6 +192,12 @@ class VLLMEmbedder:
 
     def load(self) -> EngineLoad | None:
         return None
+
+    def abandon(self) -> None:
+        """The engine core is gone (the supervisor saw it die, `SLUICEGATE_WORKERS`): close
+        this client as vLLM's own core monitor does, which ends every request waiting on it
+        with vLLM's engine-dead error, and marks the engine errored for the health check."""
+        self._llm.engine_core.shutdown()
 
     async def check_health(self) -> None:
         if self._llm.errored:

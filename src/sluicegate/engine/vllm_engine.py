@@ -38,6 +38,7 @@ from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from sluicegate.engine.vllm_core import CoreClient
     from sluicegate.engine.vllm_load import LoadMeter
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,29 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
     return args
 
 
+def engine_vllm_config(config: EngineConfig, clients: int = 1, rank: int = 0) -> Any:
+    """vLLM's configuration of the engine, as its server makes it. With `clients` front-end
+    processes over one core (`SLUICEGATE_WORKERS`): the supervisor's (`rank` -1, which
+    launches the core) and each worker's (its own `rank`) are made the same way."""
+    if config.cpu_kvcache_space_gib is not None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+    from vllm.config import StructuredOutputsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    arguments = engine_arguments(config, cuda_available())
+    arguments["structured_outputs_config"] = StructuredOutputsConfig(
+        **arguments["structured_outputs_config"]
+    )
+    engine_args = AsyncEngineArgs(**arguments)
+    if clients > 1:
+        engine_args._api_process_count = clients
+        engine_args._api_process_rank = rank
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
 class VLLMEngine:
     """`EngineClient` over an in-process `AsyncLLM` whose core runs in a child process."""
 
@@ -164,27 +188,21 @@ class VLLMEngine:
         """The LoRA adapters loaded, when LoRA is on (`EngineConfig.lora`)."""
 
     @classmethod
-    async def start(cls, config: EngineConfig) -> VLLMEngine:
-        if config.cpu_kvcache_space_gib is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.cpu_kvcache_space_gib)
-        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-
-        from vllm.config import StructuredOutputsConfig
-        from vllm.engine.arg_utils import AsyncEngineArgs
+    async def start(
+        cls, config: EngineConfig, core: CoreClient | None = None, meter: LoadMeter | None = None
+    ) -> VLLMEngine:
+        """Start the engine, its core in a child process; or, with `core`, become one of the
+        clients of a core the supervisor started (`SLUICEGATE_WORKERS`), reading the
+        engine's load from `meter` (which every worker's shares)."""
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from sluicegate.engine.vllm_load import LoadMeter
         from sluicegate.engine.vllm_process import executor_class
 
-        on_gpu = cuda_available()
-        arguments = engine_arguments(config, on_gpu)
-        arguments["structured_outputs_config"] = StructuredOutputsConfig(
-            **arguments["structured_outputs_config"]
-        )
-        engine_args = AsyncEngineArgs(**arguments)
-        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-        meter = LoadMeter()
+        count, index = (1, 0) if core is None else (core.count, core.index)
+        vllm_config = engine_vllm_config(config, clients=count, rank=index)
+        meter = meter or LoadMeter(cores=config.data_parallel_size)
         # As `AsyncLLM.from_vllm_config` builds it, with an executor that takes the engine
         # core out of the gateway's process group (see `vllm_process`).
         llm = AsyncLLM(
@@ -195,6 +213,7 @@ class VLLMEngine:
             stat_loggers=[meter.logger],
             log_requests=False,
             log_stats=True,
+            **({} if core is None else core.client_arguments()),
         )
         try:
             hf_tokenizer = llm.get_tokenizer()
@@ -290,26 +309,34 @@ class VLLMEngine:
             # which aborts the request in the engine core.
             scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
             timed = False
-            async with contextlib.aclosing(stream):
-                async for output in stream:
-                    times = None
-                    if not timed and (stats := output.metrics) is not None:
-                        times = _engine_times(stats)
-                        timed = times is not None
-                    prompt_ids = output.prompt_token_ids or ()
-                    prompt_logprobs = None
-                    if options.prompt_logprobs is not None and output.prompt_logprobs:
-                        prompt_logprobs = _prompt_logprobs(
-                            prompt_ids[scored:], output.prompt_logprobs, options.prompt_logprobs
+            # Counted among the engine's unfinished requests (by every worker) until it ends.
+            meter = self._meter
+            if meter is not None:
+                meter.started()
+            try:
+                async with contextlib.aclosing(stream):
+                    async for output in stream:
+                        times = None
+                        if not timed and (stats := output.metrics) is not None:
+                            times = _engine_times(stats)
+                            timed = times is not None
+                        prompt_ids = output.prompt_token_ids or ()
+                        prompt_logprobs = None
+                        if options.prompt_logprobs is not None and output.prompt_logprobs:
+                            prompt_logprobs = _prompt_logprobs(
+                                prompt_ids[scored:], output.prompt_logprobs, options.prompt_logprobs
+                            )
+                            scored += len(prompt_logprobs)
+                        yield EngineStep(
+                            choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
+                            prompt_tokens=len(prompt_ids),
+                            finished=output.finished,
+                            prompt_logprobs=prompt_logprobs,
+                            times=times,
                         )
-                        scored += len(prompt_logprobs)
-                    yield EngineStep(
-                        choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
-                        prompt_tokens=len(prompt_ids),
-                        finished=output.finished,
-                        prompt_logprobs=prompt_logprobs,
-                        times=times,
-                    )
+            finally:
+                if meter is not None:
+                    meter.finished()
         except EngineDeadError as exc:
             raise EngineUnavailableError() from exc
         except VLLMValidationError as exc:
@@ -352,14 +379,20 @@ class VLLMEngine:
             return None
         load = self._meter.load()
         # The last step's stats outlive it, and requests handed to the engine since then are
-        # in none; the frontend's count of unfinished requests is exact at once. With none
-        # left, nothing waits or runs (a stale count could otherwise refuse every request of
-        # an idle engine forever); those not in the last step's batch are waiting.
-        unfinished = self._llm.get_num_unfinished_requests()
-        if unfinished == 0:
+        # in none; the count of unfinished requests (every worker's) is exact at once. With
+        # none left, nothing waits or runs (a stale count could otherwise refuse every
+        # request of an idle engine forever); those not in the last step's batch are waiting.
+        unfinished = self._meter.unfinished
+        if unfinished <= 0:
             return EngineLoad(0, 0, 0.0, load.step_seconds)
         waiting = max(load.waiting, unfinished - load.running)
         return dataclasses.replace(load, waiting=waiting)
+
+    def abandon(self) -> None:
+        """The engine core is gone (the supervisor saw it die, `SLUICEGATE_WORKERS`): close
+        this client as vLLM's own core monitor does, which ends every request waiting on it
+        with vLLM's engine-dead error, and marks the engine errored for the health check."""
+        self._llm.engine_core.shutdown()
 
     async def check_health(self) -> None:
         if self._llm.errored:

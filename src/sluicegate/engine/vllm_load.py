@@ -5,6 +5,8 @@ and running requests, KV cache use) and `IterationStats` to its stat loggers, on
 loop. `LoadMeter` is one such logger (beside vLLM's Prometheus one): it keeps the latest
 state of each engine core, and learns how long a step takes from the time between steps
 while the engine has work. Admission reads it (`inference.load_limits`, the TTFT estimate).
+With several workers, vLLM hands each step's statistics to one of them: the state is kept on
+a board in shared memory (`counters.Board`), written by whichever worker has them.
 """
 
 from __future__ import annotations
@@ -17,51 +19,91 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
+from sluicegate.counters import Board
 from sluicegate.engine.protocol import EngineLoad
+
+_FIELDS = 4
+"""Per engine core on the board: waiting, running, KV cache use, when it last stepped with
+requests running (-1: it did not)."""
+_STEP, _UNFINISHED = 0, 1
+"""The board's first two values: the mean step time, and requests handed to the engine
+and not finished."""
 
 
 class LoadMeter:
-    """The latest scheduler state of each engine core, and the mean step time."""
+    """The latest scheduler state of each engine core, the mean step time, and the requests
+    in the engine, kept on a `Board`: with several workers (`SLUICEGATE_WORKERS`) vLLM sends
+    each step's statistics to one of them, and all of them read the board they share."""
 
-    def __init__(self, learning: float = 0.2, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        learning: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+        board: Board | None = None,
+        cores: int = 1,
+    ):
         self._learning = learning
         self._clock = clock
-        self._states: dict[int, tuple[int, int, float]] = {}
-        """Per engine core: waiting, running, KV cache use after its latest step."""
-        self._stepped_at: dict[int, float] = {}
-        """Per engine core that still had requests running after its latest step: when."""
-        self.step_seconds = 0.0
+        self._cores = cores
+        self.board = board or Board.local(self.board_size(cores))
+        values = self.board.values
+        for core in range(cores):
+            values[self._at(core) + 3] = -1.0
+
+    @staticmethod
+    def board_size(cores: int = 1) -> int:
+        return 2 + _FIELDS * cores
+
+    @staticmethod
+    def _at(core: int) -> int:
+        return 2 + _FIELDS * core
+
+    @property
+    def step_seconds(self) -> float:
         """Mean (exponentially weighted) time of a step with no prompt tokens in it."""
+        return self.board.values[_STEP]
 
     def record(
         self, engine: int, waiting: int, running: int, kv_cache_usage: float, prompt_tokens: int
     ) -> None:
+        if engine >= self._cores:
+            return
+        values, at = self.board.values, self._at(engine)
         now = self._clock()
-        previous = self._stepped_at.pop(engine, None)
+        previous = values[at + 3]
         # A step that follows one with requests still running started when that one ended:
         # the time between them is its length. Prefill steps are not counted: the prompt
         # tokens a request waits behind are already in the TTFT estimate.
-        if previous is not None and prompt_tokens == 0:
+        if previous >= 0 and prompt_tokens == 0:
             length = now - previous
-            if self.step_seconds == 0.0:
-                self.step_seconds = length
-            else:
-                self.step_seconds += self._learning * (length - self.step_seconds)
-        if running:
-            self._stepped_at[engine] = now
-        self._states[engine] = (waiting, running, kv_cache_usage)
+            step = values[_STEP]
+            values[_STEP] = length if step == 0.0 else step + self._learning * (length - step)
+        values[at + 3] = now if running else -1.0
+        values[at], values[at + 1], values[at + 2] = waiting, running, kv_cache_usage
 
     def load(self) -> EngineLoad:
         """Waiting and running summed over the engine cores, their mean KV cache use."""
-        states = self._states.values()
-        if not states:
-            return EngineLoad(0, 0, 0.0, self.step_seconds)
+        values = self.board.values
+        states = [values[self._at(core) : self._at(core) + 3] for core in range(self._cores)]
         return EngineLoad(
-            waiting=sum(state[0] for state in states),
-            running=sum(state[1] for state in states),
+            waiting=int(sum(state[0] for state in states)),
+            running=int(sum(state[1] for state in states)),
             kv_cache_usage=sum(state[2] for state in states) / len(states),
-            step_seconds=self.step_seconds,
+            step_seconds=values[_STEP],
         )
+
+    def started(self) -> None:
+        """A request was handed to the engine."""
+        self.board.add(_UNFINISHED, 1)
+
+    def finished(self) -> None:
+        """A request handed to the engine finished (or was aborted)."""
+        self.board.add(_UNFINISHED, -1)
+
+    @property
+    def unfinished(self) -> int:
+        """Requests handed to the engine (by any worker) and not finished."""
+        return int(self.board.values[_UNFINISHED])
 
     def logger(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
         """vLLM's per-engine stat logger factory (`AsyncLLM(stat_loggers=[meter.logger])`)."""

@@ -14,13 +14,15 @@ a slow upload holds none. A request over the bound is refused at once: 503 `over
 the gateway is full, 503 `shutting_down` while it drains after SIGTERM, and 429
 `concurrency_limit_exceeded` when one key holds its share. All carry `Retry-After`.
 A slot is held until the response (or stream) has been sent, so the
-count covers everything the engine is running or queueing for us.
+count covers everything the engine is running or queueing for us. With several workers the
+counts are shared by them (`counters.SharedTally`): the bounds hold for the whole gateway.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sluicegate.counters import LocalTally, Tally
 from sluicegate.errors import (
     ConcurrencyLimitError,
     GatewayError,
@@ -35,6 +37,8 @@ from sluicegate.observability.metrics import ADMISSION_REFUSED
 from sluicegate.paths import INFERENCE_PATHS, PROBE_PATHS
 
 RETRY_AFTER_S = "1"
+_ALL, _KEY = "req", "req:"
+"""The tally's count of all requests in flight, and the prefix of each key's."""
 CONNECTIONS_REFUSED = "connections"
 """The `reason` of `sluicegate_admission_refused_total` for a connection past the limit."""
 
@@ -65,12 +69,14 @@ class AdmissionMiddleware:
         lifecycle: Lifecycle,
         max_in_flight: int,
         max_in_flight_per_key: int | None,
+        tally: Tally | None = None,
     ):
         self.app = app
         self.lifecycle = lifecycle
         self.max_in_flight = max_in_flight
         self.max_per_key = max_in_flight_per_key
-        self.per_key: dict[str, int] = {}
+        self.tally = tally or LocalTally()
+        """Requests in flight, overall and per key: with several workers, shared by them."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in INFERENCE_PATHS:
@@ -78,30 +84,29 @@ class AdmissionMiddleware:
             return
         # Without API keys every request is anonymous: the overall bound is the only one.
         key = api_key_id(scope)
-        lifecycle = self.lifecycle
+        lifecycle, tally = self.lifecycle, self.tally
         if lifecycle.draining:
             await _refuse(send, ShuttingDownError(headers={"retry-after": RETRY_AFTER_S}), scope)
             return
-        if lifecycle.in_flight >= self.max_in_flight:
+        if not tally.take(_ALL, 1, self.max_in_flight)[0]:
             await _refuse(send, OverloadedError(headers={"retry-after": RETRY_AFTER_S}), scope)
             return
-        per_key_limit = None if key == ANONYMOUS else self.max_per_key
-        if per_key_limit is not None:
-            if self.per_key.get(key, 0) >= per_key_limit:
-                await _refuse(
-                    send, ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S}), scope
-                )
-                return
-            self.per_key[key] = self.per_key.get(key, 0) + 1
+        per_key = None if key == ANONYMOUS or self.max_per_key is None else _KEY + key
+        if per_key is not None and not tally.take(per_key, 1, self.max_per_key)[0]:
+            tally.give_back(_ALL, 1)
+            await _refuse(
+                send, ConcurrencyLimitError(headers={"retry-after": RETRY_AFTER_S}), scope
+            )
+            return
+        # The process's own count: what its drain waits for.
         lifecycle.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             lifecycle.in_flight -= 1
-            if per_key_limit is not None and key in self.per_key:
-                self.per_key[key] -= 1
-                if not self.per_key[key]:
-                    del self.per_key[key]
+            tally.give_back(_ALL, 1)
+            if per_key is not None:
+                tally.give_back(per_key, 1)
 
 
 async def _refuse(send: Send, error: GatewayError, scope: Scope, reason: str | None = None) -> None:

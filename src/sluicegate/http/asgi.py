@@ -7,10 +7,11 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope
 
-from sluicegate.keys import ANONYMOUS, Caller
+from sluicegate.keys import ANONYMOUS, Caller, KeyPolicy
 
 _API_KEY_ID = "api_key_id"
 _ADMIN = "api_key_admin"
+_POLICY = "api_key_policy"
 _COUNTED = "request_counted"
 BODY_RECEIVED = "sluicegate.body_received"
 """The scope extension `http.connection` sets when a request's whole body had arrived
@@ -39,6 +40,14 @@ def set_caller(scope: Scope, caller: Caller) -> None:
     state = scope.setdefault("state", {})
     state[_API_KEY_ID] = caller.key_id
     state[_ADMIN] = caller.admin
+    if caller.policy is not None:
+        state[_POLICY] = caller.policy
+
+
+def caller_policy(scope: Scope) -> KeyPolicy | None:
+    """A managed key's settings (set by `http.auth`), or None for any other caller."""
+    state: dict[str, Any] = scope.get("state") or {}
+    return state.get(_POLICY)
 
 
 def is_admin(scope: Scope) -> bool:

@@ -1,6 +1,8 @@
 """The API-key guard: requests without a valid bearer key get a 401 (pure ASGI).
 
-Keys are parsed and matched in `keys`; this module only reads the header and refuses. With
+Keys are parsed and matched in `keys` (the settings' keys, in constant time) and
+`tenancy.store` (managed keys, by digest, in this process's copy: no call to Redis); this
+module only reads the header and refuses. An expired managed key gets a 401 that says so. With
 admin keys alone (no API keys), no request needs a key: a valid one is still read, so that
 an admin key can call the admin endpoints (`api.deps.AdminDep`)."""
 
@@ -11,7 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sluicegate.errors import AuthenticationError
 from sluicegate.http.asgi import header, set_caller
 from sluicegate.http.errors import send_error
-from sluicegate.keys import ApiKeyring
+from sluicegate.http.state import app_state
+from sluicegate.keys import ApiKeyring, Caller, digest_of, utc_time
 
 
 class ApiKeyMiddleware:
@@ -43,7 +46,17 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or self._is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        caller = self.keyring.caller(_bearer_token(scope))
+        token = _bearer_token(scope)
+        caller: Caller | None = None
+        if token:  # no key given: whatever the rings hold, it is not a match
+            digest = digest_of(token)
+            caller = self.keyring.match(digest)
+            if caller is None:
+                try:
+                    caller = _managed(scope, digest)
+                except AuthenticationError as exc:
+                    await send_error(send, exc, scope)
+                    return
         if caller is not None:
             set_caller(scope, caller)
         elif self.required:
@@ -57,6 +70,22 @@ class ApiKeyMiddleware:
         if path in self.open_paths:
             return True
         return any(path == p or path.startswith(p + "/") for p in self.open_prefixes)
+
+
+def _managed(scope: Scope, digest: bytes) -> Caller | None:
+    """The managed key with `digest` (`tenancy.store`), if there is one; an expired one is
+    refused, saying so."""
+    state = app_state(scope)
+    store = None if state is None else state.keys
+    record = None if store is None else store.find(digest)
+    if store is None or record is None:
+        return None
+    if store.expired(record):
+        raise AuthenticationError(
+            f"This API key expired at {utc_time(record.settings['expires_at'])}.",
+            headers={"www-authenticate": "Bearer"},
+        )
+    return Caller(record.id, policy=store.policy(record.id))
 
 
 def _bearer_token(scope: Scope) -> str:

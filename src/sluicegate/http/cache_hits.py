@@ -20,12 +20,14 @@ from sluicegate.cache.fast_path import HitShape
 from sluicegate.cache.near import NearEntry
 from sluicegate.cache.response_cache import CacheControl, Lookup, ResponseCache
 from sluicegate.errors import GatewayError
-from sluicegate.http.asgi import api_key_id, header, read_body, replaying
+from sluicegate.http.asgi import api_key_id, caller_policy, header, read_body, replaying
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import app_state
+from sluicegate.keys import KeyPolicy
+from sluicegate.models.registry import ModelRegistry
 from sluicegate.observability.record import current_request, mark_model
 from sluicegate.paths import CACHE_HIT_PATHS
-from sluicegate.quota.quotas import Quotas
+from sluicegate.quota.quotas import ModelQuota, Quotas
 from sluicegate.wire.body_template import encoded
 
 _FINGERPRINT = "cache_fingerprint"
@@ -63,14 +65,26 @@ class CacheHitMiddleware:
         cache, key_id = state.cache, api_key_id(scope)
         fingerprint = cache.fast_path.fingerprint(scope["path"], body, key_id)
         shape = None if fingerprint is None else cache.fast_path.shape(fingerprint)
-        if shape is not None and not state.models.serves(shape.model, shape.identity):
-            shape = None  # its model is gone: the route answers (a 404)
-        hit = None if shape is None else await cache.fetch(shape.key)
-        if shape is None or hit is None or hit.entry is None:
+        model = None if shape is None else _serving(state.models, shape, caller_policy(scope))
+        # Its model gone, or not the key's to use: the route answers (a 404).
+        hit = None if shape is None or model is None else await cache.fetch(shape.key)
+        if shape is None or model is None or hit is None or hit.entry is None:
             scope["state"][_FINGERPRINT] = fingerprint
             await self.app(scope, receive, send)
             return
-        await _answer(scope, send, state.quotas, key_id, cache, shape, hit, hit.entry)
+        await _answer(scope, send, state.quotas, key_id, cache, shape, hit, hit.entry, model)
+
+
+def _serving(models: ModelRegistry, shape: HitShape, policy: KeyPolicy | None) -> ModelQuota | None:
+    """The limits of the model a remembered answer came from, if it still serves the same
+    weights under its name; else None. A key limited to some models is left to the route:
+    the shape knows the model that answered (a fallback, an alias's target), not the name
+    the request gave, which is what the key's list is checked against."""
+    if policy is not None and policy.models is not None:
+        return None
+    if not models.serves(shape.model, shape.identity):
+        return None
+    return models.resolve(shape.model).quota or ModelQuota(shape.model)
 
 
 async def _answer(
@@ -82,13 +96,15 @@ async def _answer(
     shape: HitShape,
     hit: Lookup,
     entry: NearEntry,
+    model: ModelQuota,
 ) -> None:
     completion = entry.completion
     mark_model(shape.model)
     try:
         # A cached answer's whole cost is known: charged up front, like the route's hits.
-        cost = shape.prompt_tokens + completion.completion_tokens
-        quota_headers = await quotas.admit(key_id, cost)
+        quota_headers = await quotas.admit(
+            key_id, shape.prompt_tokens, completion.completion_tokens, model
+        )
     except GatewayError as exc:
         await send_error(send, exc, scope)
         return
@@ -98,6 +114,8 @@ async def _answer(
     headers += shape.headers
     headers += ((b"x-cache", b"HIT"), (b"age", str(hit.age).encode()))
     if (record := current_request()) is not None:
-        record.add_usage(completion.prompt_tokens, completion.completion_tokens)
+        record.add_usage(
+            completion.prompt_tokens, completion.completion_tokens, cached=completion.prompt_tokens
+        )
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

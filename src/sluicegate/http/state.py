@@ -6,17 +6,22 @@ under one key, and read back with `app_state(scope)` (middleware) or `api.deps` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.types import Scope
 
 from sluicegate.cache.embedding_cache import EmbeddingCache
 from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.conversation.store import ResponseStore
+from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.models.registry import ModelRegistry
+from sluicegate.observability.key_label import KeyLabels
 from sluicegate.offload import ProcessOffload
 from sluicegate.quota.quotas import Quotas
+from sluicegate.tenancy.ledger import UsageLedger
+from sluicegate.tenancy.store import KeyStore
+from sluicegate.tenancy.usage import UsageReader
 
 STATE_KEY = "sluicegate"
 
@@ -64,6 +69,15 @@ class AppState:
     """Where large request bodies are parsed (`api.route`)."""
     access: Access = Access()
     allow_runtime_lora: bool = False
+    keys: KeyStore | None = None
+    """Managed keys (`MANAGED_KEYS`): None without them."""
+    static_keys: ApiKeyring = field(default_factory=lambda: ApiKeyring(()))
+    """The keys of the settings (`API_KEYS`, `ADMIN_API_KEYS`), listed read-only."""
+    ledger: UsageLedger | None = None
+    """Where settled requests' usage goes (`USAGE_LEDGER`, with Redis)."""
+    usage: UsageReader | None = None
+    key_labels: KeyLabels = field(default_factory=KeyLabels)
+    """The bounded `key` label of the per-key metrics."""
 
     def lifespan_state(self) -> dict[str, AppState]:
         """What the lifespan yields."""

@@ -26,7 +26,9 @@ from prometheus_client import Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sluicegate.http.asgi import header
+from sluicegate.errors import AuthenticationError
+from sluicegate.http.asgi import api_key_id, header
+from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
 from sluicegate.observability import metrics, timeline
 from sluicegate.observability.logs import lean_record
@@ -143,6 +145,8 @@ class TelemetryMiddleware:
             if observed is None:
                 observed = self._overheads[model] = metrics.GATEWAY_OVERHEAD.labels(model)
             observed.observe(record.overhead)
+        if endpoint in INFERENCE_PATHS and status != AuthenticationError.status_code:
+            _settled(scope, record, model, status)
         if status == CLIENT_CLOSED:
             metrics.CLIENT_DISCONNECTS.labels(endpoint, model).inc()
         elif model and status < 400:
@@ -170,6 +174,21 @@ class TelemetryMiddleware:
 
 
 _MAX_MATCHED = 256
+
+
+def _settled(scope: Scope, record: RequestRecord, model: str, status: int) -> None:
+    """An inference request has ended, however it ended: what it used goes to the usage
+    ledger (in memory: written in batches) and the per-key metrics. A request refused for
+    its key (401) is nobody's."""
+    state = app_state(scope)
+    if state is None:
+        return
+    key = api_key_id(scope)
+    prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
+    state.key_labels.settled(key, prompt, completion)
+    if state.ledger is not None:
+        error = status >= 400 and status != CLIENT_CLOSED
+        state.ledger.record(key, model, prompt, completion, record.cached_tokens, error)
 
 
 class _Response:

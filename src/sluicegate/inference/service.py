@@ -51,9 +51,9 @@ from sluicegate.wire.response_format import ResponsesFormat
 from sluicegate.wire.tools import ToolSetup
 
 T = TypeVar("T")
-OnEnd = Callable[[int], Awaitable[None]]
+OnEnd = Callable[[int, int], Awaitable[None]]
 """Told the tokens a run used beyond what was reserved for its prompt, once it has ended:
-its completion tokens, plus any prompt tokens only the engine counted."""
+its completion tokens, and the prompt tokens only the engine counted."""
 
 
 class DeltaSource(Protocol):
@@ -423,7 +423,7 @@ class CompletionService:
         finally:
             if on_end is not None:
                 produced = collector.completion(run.prompt_tokens).completion_tokens
-                await on_end(produced + run.uncounted_prompt_tokens)
+                await on_end(produced, run.uncounted_prompt_tokens)
         return collector.completion(run.prompt_tokens)
 
     def stream(
@@ -561,7 +561,7 @@ async def _events(
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:
             produced = writer.completion(run.prompt_tokens).completion_tokens
-            await on_end(produced + run.uncounted_prompt_tokens)
+            await on_end(produced, run.uncounted_prompt_tokens)
 
 
 async def _tagged(

@@ -9,6 +9,7 @@
         api_key_env: LLAMA_KEY
         tokenizer: /models/llama-8b
         fallbacks: [qwen-7b]
+        price: {input: 0.15, output: 0.6}   # per million tokens: the ledger's cost
       - name: qwen-7b
         upstreams: [{url: http://10.0.0.3:8000/v1}]
       - name: smol
@@ -28,6 +29,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sluicegate.prices import Price
+
 _URL = re.compile(r"https?://[^\s/]+(/[^\s]*)?/v1/?")
 _NAME = re.compile(r"[^\s/][^\s]{0,255}")
 """A model name: no whitespace, not starting with `/` (vLLM's names may hold `/`: org/model)."""
@@ -43,6 +46,18 @@ class ModelRateLimit(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
+class ModelPrice(BaseModel):
+    """What a model's tokens cost, per million (in one currency, the same for every model):
+    the usage ledger's `cost`, and budgets given in cost."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+    def price(self) -> Price:
+        return Price(self.input, self.output)
 
 
 class UpstreamEntry(BaseModel):
@@ -77,6 +92,7 @@ class ModelEntry(BaseModel):
     """The context window when the upstreams do not say (vLLM's `/v1/models` does)."""
     fallbacks: list[str] = []
     rate_limit: ModelRateLimit | None = None
+    price: ModelPrice | None = None
     kind: Literal["chat", "embedding", "rerank"] = "chat"
     """What the model serves: chat and text completions (and the Messages API); embeddings
     (and rerank and score from them); or rerank and score from a cross-encoder, asked of

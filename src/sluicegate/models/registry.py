@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 
 from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
 from sluicegate.engine.vllm_adapters import LoadedAdapters
-from sluicegate.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
+from sluicegate.errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFoundError
 from sluicegate.inference.service import CompletionService
 from sluicegate.models.served import ServedEmbedder, ServedModel
+from sluicegate.prices import Price
 from sluicegate.wire.formats import ModelCard
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,19 @@ class ModelRegistry:
                 )
             raise ModelNotFoundError(f"The model `{name}` does not exist.", param="model")
         return found
+
+    def price_of(self, name: str) -> Price | None:
+        """What the model `name`'s tokens cost, if it has a price (None for a name no longer
+        served)."""
+        try:
+            quota = self.resolve_any(name).quota
+        except GatewayError:
+            return None
+        return None if quota is None else quota.price
+
+    def target(self, name: str) -> str:
+        """The name an alias stands for; any other name itself."""
+        return self._aliases.get(name, name)
 
     def resolve_embedder(self, name: str) -> ServedEmbedder:
         """The embedding model `name` (an alias resolved), or `ModelNotFoundError`; a

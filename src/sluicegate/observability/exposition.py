@@ -13,10 +13,14 @@ only the engine's scheduling state: `ENGINE_STATE` renders a few samples instead
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import CollectorRegistry, RestrictedRegistry
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 ENGINE_STATE = (
     "vllm:num_requests_waiting",
@@ -30,19 +34,41 @@ batch, its KV cache use and layout, and its LoRA adapters (vLLM exports the last
 it serves some; sluicegate serves none)."""
 
 
+def gateway_registry() -> CollectorRegistry:
+    """Where the gateway's series are read from: this process's registry, or with several
+    workers (`PROMETHEUS_MULTIPROC_DIR`, set by the supervisor) every worker's files, merged
+    by prometheus-client's multiprocess collector (counters and histograms summed, each gauge
+    as its `multiprocess_mode` says; vLLM's engine gauges are its `mostrecent`)."""
+    if os.environ.get(MULTIPROCESS_DIR) is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
 class Exposition:
     def __init__(
-        self, registry: CollectorRegistry = REGISTRY, names: Iterable[str] | None = None
+        self, registry: CollectorRegistry | None = None, names: Iterable[str] | None = None
     ) -> None:
         self._registry = registry
-        self._source = registry if names is None else registry.restricted_registry(names)
+        self._names = None if names is None else tuple(names)
+        self._source: CollectorRegistry | RestrictedRegistry | None = None
         self._rendering: asyncio.Future[bytes] | None = None
+
+    def _collected(self) -> CollectorRegistry | RestrictedRegistry:
+        if self._source is None:
+            registry = self._registry or gateway_registry()
+            names = self._names
+            source = registry if names is None else registry.restricted_registry(names)
+            self._source = source
+            return source
+        return self._source
 
     async def render(self) -> bytes:
         """The text format of the series now, or of the render already under way."""
         if self._rendering is None:
             self._rendering = asyncio.ensure_future(
-                asyncio.to_thread(generate_latest, self._source)
+                asyncio.to_thread(generate_latest, self._collected())
             )
             self._rendering.add_done_callback(self._finished)
         # shield: a scraper that leaves must not cancel the render the others wait for.
@@ -53,6 +79,6 @@ class Exposition:
 
 
 exposition = Exposition()
-"""Every series of the default registry (vLLM's engine registers its own there too)."""
+"""Every series of the gateway's registry (vLLM's engine registers its own there too)."""
 engine_state = Exposition(names=ENGINE_STATE)
 """The engine's scheduling state alone, for an inference pool's endpoint picker."""

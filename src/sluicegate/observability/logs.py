@@ -91,8 +91,14 @@ def _escape_lines(text: str) -> str:
 
 
 class PlainFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__(PLAIN_FORMAT)
+    def __init__(self, worker: int | None = None) -> None:
+        # One of several workers names itself on every line (`SLUICEGATE_WORKERS`).
+        head = (
+            PLAIN_FORMAT
+            if worker is None
+            else PLAIN_FORMAT.replace(" %(name)s", f" worker-{worker} %(name)s")
+        )
+        super().__init__(head)
         self._second = -1
         self._second_text = ""
 
@@ -132,11 +138,16 @@ class PlainFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self._worker = {} if worker is None else {"worker": worker}
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
+            **self._worker,
             "message": record.getMessage(),
             **_fields(record),
         }
@@ -145,14 +156,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str, log_format: LogFormat = "plain") -> None:
-    """Send the process's logs (ours and uvicorn's) to stderr in `log_format`.
+def configure_logging(
+    level: str, log_format: LogFormat = "plain", worker: int | None = None
+) -> None:
+    """Send the process's logs (ours and uvicorn's) to stderr in `log_format`; a `worker`'s
+    lines say which it is.
 
     Records are collected as they are and written by one thread, every `FLUSH_INTERVAL`, in
     one write. So a slow or full stderr (a pipe nobody drains) never blocks the event loop,
     and a busy gateway pays neither formatting nor a thread wake-up per line on the loop:
     waking a thread per access line costs more than the line."""
-    formatter = JsonFormatter() if log_format == "json" else PlainFormatter()
+    formatter = JsonFormatter(worker) if log_format == "json" else PlainFormatter(worker)
     writer = _BatchWriter(formatter, sys.stderr)
     writer.start()
     atexit.register(writer.stop)

@@ -37,6 +37,7 @@ RATE_LIMIT_LOCAL_DECISIONS = Counter(
 RATE_LIMIT_LOCAL = Gauge(
     "sluicegate_rate_limit_local",
     "1 while this replica enforces its own share of the rate limits (Redis down), else 0.",
+    multiprocess_mode="max",
 )
 ADMISSION_REFUSED = Counter(
     "sluicegate_admission_refused_total",
@@ -46,11 +47,13 @@ ADMISSION_REFUSED = Counter(
 PREFILL_QUEUE_TOKENS = Gauge(
     "sluicegate_prefill_queue_tokens",
     "Prompt tokens of the runs handed to the engine and waiting for their first token.",
+    multiprocess_mode="livesum",
 )
 PREFILL_RATE = Gauge(
     "sluicegate_prefill_rate_tokens_per_second",
     "The engine's measured drain rate: prompt tokens reaching their first token per second "
     "while runs wait (0 until measured). TTFT_OBJECTIVE admission divides the queue by it.",
+    multiprocess_mode="livesum",
 )
 
 # ---- requests and generations (observability.middleware, observability.generation) ------
@@ -86,6 +89,7 @@ REQUESTS_IN_FLIGHT = Gauge(
     "Inference requests being served, by the model they were routed to (empty until the "
     "route knows it, and for requests refused before).",
     ["model"],
+    multiprocess_mode="livesum",
 )
 EMBEDDING_INPUTS = Counter(
     "sluicegate_embedding_inputs_total",
@@ -201,6 +205,7 @@ CACHE_BYTES_WRITTEN = Counter(
 CACHE_TTL_SECONDS = Gauge(
     "sluicegate_cache_ttl_seconds",
     "Effective TTL for new cache entries (before jitter), from the observed generation latency.",
+    multiprocess_mode="mostrecent",
 )
 CACHE_NEAR_REQUESTS = Counter(
     "sluicegate_cache_near_requests_total",
@@ -217,11 +222,14 @@ CACHE_NEAR_FLUSHES = Counter(
     "Times the near cache was emptied: its invalidation connection was lost, or Redis flushed.",
 )
 CACHE_NEAR_BYTES = Gauge(
-    "sluicegate_cache_near_bytes", "Bytes held by the near cache (an upper estimate)."
+    "sluicegate_cache_near_bytes",
+    "Bytes held by the near cache (an upper estimate).",
+    multiprocess_mode="livesum",
 )
 CACHE_NEAR_CONNECTED = Gauge(
     "sluicegate_cache_near_connected",
     "1 while Redis reports changes to cache keys to this process (the near cache may serve).",
+    multiprocess_mode="livemin",
 )
 
 # ---- token budget --------------------------------------------------------------------------
@@ -322,19 +330,23 @@ UPSTREAM_RETRIES_DENIED = Counter(
 )
 UPSTREAM_BREAKER_STATE = Gauge(
     "sluicegate_upstream_breaker_state",
-    "Each upstream's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    "Each upstream's circuit breaker: 0 closed, 1 open, 2 half-open (the worst of the "
+    "workers'; open turns half-open on the next request or health probe).",
     ["upstream"],
+    multiprocess_mode="livemax",
 )
 UPSTREAM_HEALTHY = Gauge(
     "sluicegate_upstream_healthy",
     "1 while the upstream is in: out after `upstream_health_failures` failed probes in a "
     "row, back at one success.",
     ["upstream"],
+    multiprocess_mode="livemin",
 )
 UPSTREAM_IN_FLIGHT = Gauge(
     "sluicegate_upstream_in_flight",
     "Requests in flight to each upstream.",
     ["upstream"],
+    multiprocess_mode="livesum",
 )
 UPSTREAM_AFFINITY_PICKS = Counter(
     "sluicegate_upstream_affinity_picks_total",
@@ -414,3 +426,49 @@ for _mode in ("auto", "required", "named"):
     TOOL_CALLS.labels(_mode)
     for _tool_outcome in ("called", "invalid_arguments", "text"):
         TOOL_CALL_CHOICES.labels(_mode, _tool_outcome)
+
+# ---- keys, budgets and the usage ledger (tenancy, quota.budgets) -------------------------
+# `key` is a key's public id for the first METRICS_MAX_KEYS keys a process sees, then
+# `other` (`observability.key_label`), so a platform of thousands of keys stays a few
+# hundred series.
+KEY_REQUESTS = Counter(
+    "sluicegate_key_requests_total",
+    "Inference requests settled, by API key (bounded: the rest as `other`).",
+    ["key"],
+)
+KEY_TOKENS = Counter(
+    "sluicegate_key_tokens_total",
+    "Tokens used by settled requests, by API key (bounded) and kind (input, output).",
+    ["key", "kind"],
+)
+BUDGET_REFUSALS = Counter(
+    "sluicegate_budget_refusals_total",
+    "Requests refused with a 429 insufficient_quota because their key's budget was used up.",
+    ["key"],
+)
+BUDGET_USED = Gauge(
+    "sluicegate_budget_used_ratio",
+    "The part of its budget a key has used in the current period, as last seen (0 to 1).",
+    ["key"],
+    multiprocess_mode="max",
+)
+BUDGET_LOCAL_DECISIONS = Counter(
+    "sluicegate_budget_local_decisions_total",
+    "Budget checks decided by this replica's own share of what was left, Redis being down.",
+)
+USAGE_BATCHES = Counter(
+    "sluicegate_usage_batches_total",
+    "Usage ledger batches sent to Redis, by outcome (written, failed: retried).",
+    ["outcome"],
+)
+USAGE_LOST = Counter(
+    "sluicegate_usage_lost_total",
+    "Usage the ledger dropped after its writes failed for USAGE_GIVE_UP_SECONDS (or at "
+    "shutdown), by measure (requests, input_tokens, output_tokens, ..., cost in nano-units).",
+    ["measure"],
+)
+MANAGED_KEYS = Gauge(
+    "sluicegate_managed_keys",
+    "Managed API keys this process knows (its copy of the key store).",
+    multiprocess_mode="max",
+)

@@ -44,10 +44,14 @@ class RequestRecord:
     """The served model the request was routed to (its metrics' `model` label)."""
     in_flight: str | None = None
     """The `model` label it counts in flight under, while it does."""
+    cached_tokens: int = 0
+    """Prompt tokens answered from the response or embedding cache (the usage ledger's
+    `cached_input_tokens`)."""
 
-    def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def add_usage(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens
         self.completion_tokens = (self.completion_tokens or 0) + completion_tokens
+        self.cached_tokens += cached
 
 
 def enter_in_flight(record: RequestRecord) -> None:

@@ -1,5 +1,8 @@
 """Rate limits in this process only: for a single gateway without Redis, and for each
-replica's share of the limits while Redis does not answer (see `redis_limiter`)."""
+replica's share of the limits while Redis does not answer (see `redis_limiter`).
+
+With several workers and no Redis, each worker enforces `share` (1/N) of every limit: the
+gateway as a whole then admits about the limit, as the workers share the traffic."""
 
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ _REQUESTS, _TOKENS = "req", "tok"
 class MemoryRateLimiter:
     """GCRA in a dict: one TAT per key id and limit, dropped once its bucket is full again."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, share: float = 1.0) -> None:
         self._clock = clock
+        self._share = share
+        """The part of each limit this process enforces (1/N of N workers without Redis)."""
         self._tats: dict[tuple[str, str], float] = {}
 
     async def acquire(
@@ -24,6 +29,8 @@ class MemoryRateLimiter:
     ) -> Decision:
         if unlimited(limit):
             return ALLOW
+        if self._share != 1.0:
+            limit = limit.scaled(self._share)
         now = self._clock()
         rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
         req_key, tok_key = (key_id, _REQUESTS), (key_id, _TOKENS)
@@ -50,10 +57,14 @@ class MemoryRateLimiter:
     async def reconcile(
         self, key_id: str, limit: RateLimit, tokens: int, local: bool = False
     ) -> None:
+        if self._share != 1.0:
+            limit = limit.scaled(self._share)
         self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
 
     def charge(self, key_id: str, limit: RateLimit, tokens: int, requests: int = 1) -> None:
         """Count `requests` requests and `tokens` tokens admitted elsewhere, unchecked."""
+        if self._share != 1.0:
+            limit = limit.scaled(self._share)
         self._adjust((key_id, _REQUESTS), limit.requests_per_minute, requests)
         self._adjust((key_id, _TOKENS), limit.tokens_per_minute, tokens)
 

@@ -17,13 +17,24 @@ is given back, and the sequences come free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from sluicegate.errors import KeyRateLimitError, RateLimitError
+from sluicegate.keys import KeyBudget, KeyPolicy
 from sluicegate.observability.metrics import RATE_LIMITED
+from sluicegate.prices import Price
+from sluicegate.quota.budgets import BudgetHold, BudgetKeeper
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import Decision, RateLimit, RateLimiter
+
+Policies = Callable[[str], KeyPolicy | None]
+"""A managed key's settings by its id (`tenancy.store.KeyStore.policy`)."""
+
+
+def no_policies(key_id: str) -> KeyPolicy | None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +42,9 @@ class ModelQuota:
     """A model's own limits, across every key (`rate_limit` in the models file)."""
 
     name: str
-    limit: RateLimit
+    limit: RateLimit = field(default_factory=RateLimit)
+    price: Price | None = None
+    """What its tokens cost (`MODEL_PRICES`, the models file): for budgets in cost."""
 
     @property
     def bucket(self) -> str:
@@ -56,6 +69,9 @@ class Reservation:
     model: ModelQuota | None = None
     """The model's limits it was charged to as well."""
     model_local: bool = False
+    prompt_tokens: int = 0
+    budget: BudgetHold | None = None
+    """Its reservation against its key's budget, when the key has one."""
 
 
 @dataclass
@@ -64,8 +80,22 @@ class Quotas:
     default: RateLimit = field(default_factory=RateLimit)
     overrides: dict[str, RateLimit] = field(default_factory=dict)
     share: SequenceShare = field(default_factory=SequenceShare)
+    policies: Policies = no_policies
+    """Managed keys' own limits, priority and budget, by key id."""
+    budgets: BudgetKeeper | None = None
+    """Where budgets are kept (Redis); None: no key has one (no managed keys)."""
+
+    def __post_init__(self) -> None:
+        self.share.policies = self.policies
 
     def limit_for(self, key_id: str) -> RateLimit:
+        policy = self.policies(key_id)
+        if policy is not None:
+            default = self.default
+            return RateLimit(
+                policy.requests_per_minute or default.requests_per_minute,
+                policy.tokens_per_minute or default.tokens_per_minute,
+            )
         return self.overrides.get(key_id, self.default)
 
     async def enter(self, key_id: str, engine_work: bool = True) -> None:
@@ -90,6 +120,7 @@ class Quotas:
         priority: int = 0,
         counted: bool = False,
         model: ModelQuota | None = None,
+        answered_tokens: int = 0,
     ) -> Reservation:
         """Admit a request: take its sequences, count it (unless `enter` has: `counted`)
         and its possible tokens, against its key's limits and its `model`'s.
@@ -98,13 +129,14 @@ class Quotas:
         `KeyRateLimitError` (429) when a limit of the key is used up or the request could
         never fit it, and `RateLimitError` when the model's is."""
         limit = self.limit_for(key_id)
-        completion_tokens = sequences * max_tokens
+        completion_tokens = sequences * max_tokens + answered_tokens
         cost = prompt_tokens + completion_tokens
         _check_fits(limit, prompt_tokens, completion_tokens)
         if model is not None:
             _check_fits(model.limit, prompt_tokens, completion_tokens, model.name)
         priority = self.share.take(key_id, sequences, param, priority)
         charged: Decision | None = None
+        decision: Decision | None = None
         try:
             if model is not None:
                 # The model's first: a request it refuses costs the key nothing.
@@ -114,31 +146,59 @@ class Quotas:
             decision = await self.limiter.acquire(key_id, limit, cost, requests=0 if counted else 1)
             if not decision.allowed:
                 _refuse(decision)
+            budget = await self._reserve_budget(key_id, prompt_tokens, completion_tokens, model)
         except BaseException:
             self.share.give_back(key_id, sequences)
             if model is not None and charged is not None and charged.allowed:
                 await self.limiter.reconcile(model.bucket, model.limit, -cost, charged.local)
+            if decision is not None and decision.allowed:
+                await self.limiter.reconcile(key_id, limit, -cost, decision.local)
             raise
+        headers = decision.headers
+        if budget is not None:
+            # Not into the decision's: an unlimited key's decisions share one (`window.ALLOW`).
+            headers = {**headers, **budget.headers} if headers else budget.headers
         return Reservation(
             key_id,
             limit,
             completion_tokens,
             sequences,
-            decision.headers,
+            headers,
             priority,
             decision.local,
             model=model,
             model_local=charged is not None and charged.local,
+            prompt_tokens=prompt_tokens,
+            budget=budget,
         )
 
-    async def release(self, reservation: Reservation, completion_tokens: int) -> None:
-        """The request ended having produced `completion_tokens`: charge those instead of
-        the reservation, and free its sequences. Only the first call counts."""
+    async def _reserve_budget(
+        self,
+        key_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        model: ModelQuota | None,
+    ) -> BudgetHold | None:
+        """Reserve the request's possible cost against its key's budget, if it has one."""
+        policy = self.policies(key_id)
+        if self.budgets is None or policy is None or policy.budget is None:
+            return None
+        budget = policy.budget
+        amount = _spend(budget, model, prompt_tokens, completion_tokens)
+        hold = self.budgets.reserve_here(key_id, budget, amount)
+        return hold if hold is not None else await self.budgets.reserve(key_id, budget, amount)
+
+    async def release(
+        self, reservation: Reservation, completion_tokens: int, prompt_tokens: int = 0
+    ) -> None:
+        """The request ended having produced `completion_tokens` (and used `prompt_tokens`
+        more than it reserved for its prompt: those only the engine counted): charge those
+        instead of the reservation, and free its sequences. Only the first call counts."""
         if reservation.released:
             return
         reservation.released = True
         self.share.give_back(reservation.key_id, reservation.sequences)
-        unused = completion_tokens - reservation.completion_tokens
+        unused = completion_tokens + prompt_tokens - reservation.completion_tokens
         await self.limiter.reconcile(
             reservation.key_id, reservation.limit, unused, local=reservation.local
         )
@@ -146,11 +206,24 @@ class Quotas:
             await self.limiter.reconcile(
                 model.bucket, model.limit, unused, local=reservation.model_local
             )
+        if (hold := reservation.budget) is not None and self.budgets is not None:
+            prompt = reservation.prompt_tokens + prompt_tokens
+            spent = _spend(hold.budget, model, prompt, completion_tokens)
+            self.budgets.settle(hold, spent)
 
-    async def admit(self, key_id: str, tokens: int) -> dict[str, str]:
-        """Count a request whose whole cost, `tokens`, is known (a cached answer) and that
-        runs no sequence; return the rate-limit headers."""
-        return (await self.reserve(key_id, tokens, 0, 0)).headers
+    async def admit(
+        self,
+        key_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        model: ModelQuota | None = None,
+    ) -> dict[str, str]:
+        """Count a request whose whole cost is known (a cached answer) and that runs no
+        sequence; return the rate-limit (and budget) headers."""
+        reservation = await self.reserve(
+            key_id, prompt_tokens, 0, 0, model=model, answered_tokens=completion_tokens
+        )
+        return reservation.headers
 
     def runs_elsewhere(self, reservation: Reservation) -> None:
         """The request starts no engine work of its own (a cache hit, or it follows an
@@ -163,6 +236,20 @@ class Quotas:
         sequences again (unchecked: it was admitted, and may have begun to answer)."""
         self.share.hold(reservation.key_id, sequences)
         reservation.sequences = sequences
+
+
+def _spend(
+    budget: KeyBudget, model: ModelQuota | None, prompt_tokens: int, completion_tokens: int
+) -> int:
+    """What so many tokens take from `budget`: the tokens, or their cost at the model's price
+    (nothing for a model without one)."""
+    if budget.unit == "tokens":
+        return prompt_tokens + completion_tokens
+    price = None if model is None else model.price
+    return (price or _FREE).cost(prompt_tokens, completion_tokens)
+
+
+_FREE = Price()
 
 
 def _refuse(decision: Decision, model: str | None = None) -> NoReturn:

@@ -22,13 +22,18 @@ priority other than 0 gets a 400 naming it, as from vLLM's server.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from sluicegate.counters import LocalTally, Tally
 from sluicegate.errors import ConcurrencyLimitError, InvalidRequestError
+from sluicegate.keys import KeyPolicy
 from sluicegate.observability.metrics import RATE_LIMITED
 
 RETRY_AFTER_S = "1"
+_SEQUENCES = "seq:"
+"""A key's sequences in the tally (which admission shares, `http.admission`)."""
 RANK_SPAN = 1 << 40
 """Engine priorities of one key rank lie within this of each other (a request's own
 `priority` is at most int32, its sequences in flight far fewer)."""
@@ -41,9 +46,13 @@ class SequenceShare:
     prioritize: bool = False
     priorities: dict[str, int] = field(default_factory=dict)
     """Each API key's rank (KEY_PRIORITIES), by key id; 0 for the others."""
+    policies: Callable[[str], KeyPolicy | None] = lambda key_id: None
+    """Managed keys' settings (their own `priority` ranks them), by key id."""
     keyed: bool = False
     """Whether requests come with API keys (then one may not ask to go ahead of its key)."""
-    _in_flight: dict[str, int] = field(default_factory=dict)
+    tally: Tally = field(default_factory=LocalTally)
+    """Where the sequences in flight are counted: shared by the workers when there are several
+    (`worker.Worker.tally`), so that a key's share holds for the whole gateway."""
 
     def take(self, key_id: str, sequences: int, param: str, requested: int = 0) -> int:
         """Count a request's sequences in flight; return its engine priority, given the
@@ -55,20 +64,24 @@ class SequenceShare:
         self._check_requested(requested)
         if sequences <= 0:
             return 0
-        held = self._in_flight.get(key_id, 0)
-        if self.per_key is not None:
-            if sequences > self.per_key:
-                raise InvalidRequestError(
-                    f"This request would start {sequences} sequences (prompts × n); an API key "
-                    f"may have at most {self.per_key} in flight.",
-                    param=param,
-                )
-            if held + sequences > self.per_key:
-                _refuse(held, str(sequences), self.per_key)
-        self._in_flight[key_id] = held + sequences
+        if self.per_key is not None and sequences > self.per_key:
+            raise InvalidRequestError(
+                f"This request would start {sequences} sequences (prompts × n); an API key "
+                f"may have at most {self.per_key} in flight.",
+                param=param,
+            )
+        taken, held = self.tally.take(_SEQUENCES + key_id, sequences, self.per_key)
+        if not taken:
+            _refuse(held, str(sequences), self.per_key or 0)
         if not self.prioritize:
             return 0
-        return self.priorities.get(key_id, 0) * RANK_SPAN + requested + held
+        return self.rank(key_id) * RANK_SPAN + requested + held
+
+    def rank(self, key_id: str) -> int:
+        policy = self.policies(key_id)
+        if policy is not None and policy.priority is not None:
+            return policy.priority
+        return self.priorities.get(key_id, 0)
 
     def _check_requested(self, requested: int) -> None:
         if requested and not self.prioritize:
@@ -87,23 +100,20 @@ class SequenceShare:
     def check(self, key_id: str) -> None:
         """Raise `ConcurrencyLimitError` if the key holds its whole share already: then no
         request of it could be taken, whatever its size (nothing is counted)."""
-        if self.per_key is not None and self._in_flight.get(key_id, 0) >= self.per_key:
-            _refuse(self._in_flight[key_id], "any", self.per_key)
+        if self.per_key is not None and (held := self.in_flight(key_id)) >= self.per_key:
+            _refuse(held, "any", self.per_key)
 
     def hold(self, key_id: str, sequences: int) -> None:
         """Count sequences in flight without checking the share."""
         if sequences > 0:
-            self._in_flight[key_id] = self._in_flight.get(key_id, 0) + sequences
+            self.tally.take(_SEQUENCES + key_id, sequences, None)
 
     def give_back(self, key_id: str, sequences: int) -> None:
-        left = self._in_flight.get(key_id, 0) - sequences
-        if left > 0:
-            self._in_flight[key_id] = left
-        else:
-            self._in_flight.pop(key_id, None)
+        if sequences > 0:
+            self.tally.give_back(_SEQUENCES + key_id, sequences)
 
     def in_flight(self, key_id: str) -> int:
-        return self._in_flight.get(key_id, 0)
+        return self.tally.count(_SEQUENCES + key_id)
 
 
 def _refuse(held: int, more: str, per_key: int) -> NoReturn:

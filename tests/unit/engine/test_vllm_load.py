@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from vllm.v1.metrics.stats import IterationStats, PrefillStats, SchedulerStats
 
+from sluicegate.counters import Board
 from sluicegate.engine.protocol import EngineLoad
 from sluicegate.engine.vllm_engine import VLLMEngine
 from sluicegate.engine.vllm_load import LoadMeter
@@ -44,7 +45,7 @@ def test_the_logger_vllm_calls_keeps_the_latest_scheduler_state() -> None:
 
 
 def test_engine_cores_are_summed_and_their_kv_cache_use_averaged() -> None:
-    meter = LoadMeter()
+    meter = LoadMeter(cores=2)
     meter.record(0, 2, 10, 0.2, 0)
     meter.record(1, 1, 4, 0.6, 0)
     load = meter.load()
@@ -82,41 +83,59 @@ def test_the_real_iteration_stats_tell_prefill_steps_from_decode_steps() -> None
     assert meter.step_seconds == pytest.approx(0.05)
 
 
-class CountingLLM:
+class IdleLLM:
     errored = False
 
-    def __init__(self) -> None:
-        self.unfinished = 0
 
-    def get_num_unfinished_requests(self) -> int:
-        return self.unfinished
+def adapter(meter: LoadMeter | None) -> VLLMEngine:
+    return VLLMEngine(IdleLLM(), tokenizer=None, max_model_len=64, meter=meter)  # type: ignore[arg-type]
 
 
-def adapter(meter: LoadMeter | None) -> tuple[VLLMEngine, CountingLLM]:
-    llm = CountingLLM()
-    engine = VLLMEngine(llm, tokenizer=None, max_model_len=64, meter=meter)  # type: ignore[arg-type]
-    return engine, llm
+def handed_over(meter: LoadMeter, requests: int) -> None:
+    for _ in range(requests):
+        meter.started()
 
 
 def test_an_idle_engine_reports_nothing_waiting_or_running_whatever_its_last_step_said() -> None:
     meter = LoadMeter()
     meter.record(0, 7, 9, 0.9, 0)  # the last step, before every request finished
-    meter.step_seconds = 0.08
-    engine, llm = adapter(meter)
+    meter.board.values[0] = 0.08  # the step time learnt
+    engine = adapter(meter)
     assert engine.load() == EngineLoad(0, 0, 0.0, 0.08)
-    llm.unfinished = 16
+    handed_over(meter, 16)
     assert engine.load() == EngineLoad(7, 9, 0.9, 0.08)
+    for _ in range(16):
+        meter.finished()
+    assert engine.load() == EngineLoad(0, 0, 0.0, 0.08)
 
 
 def test_requests_handed_over_since_the_last_step_count_as_waiting() -> None:
     meter = LoadMeter()
     meter.record(0, 0, 4, 0.3, 0)
-    engine, llm = adapter(meter)
-    llm.unfinished = 20  # a burst of 16 reached the engine within its step
+    engine = adapter(meter)
+    handed_over(meter, 20)  # a burst of 16 reached the engine within its step
     load = engine.load()
     assert load is not None and (load.waiting, load.running) == (16, 4)
 
 
+def test_workers_sharing_a_board_see_one_engine() -> None:
+    """vLLM hands each step's statistics to one of the workers: the meters of two workers over
+    one board each see the other's records, and the requests both handed over."""
+    board = Board.shared(LoadMeter.board_size())
+    clock = Clock()
+    first, second = LoadMeter(clock=clock, board=board), LoadMeter(clock=clock, board=board)
+    first.record(0, 3, 5, 0.4, prompt_tokens=0)
+    clock.now += 0.1
+    second.record(0, 2, 6, 0.5, prompt_tokens=0)  # the next step, in the other worker
+    handed_over(first, 5)
+    handed_over(second, 4)
+    for meter in (first, second):
+        assert (meter.load().waiting, meter.load().running) == (2, 6)
+        assert meter.step_seconds == pytest.approx(0.1)
+        assert meter.unfinished == 9
+        load = adapter(meter).load()
+        assert load is not None and (load.waiting, load.running) == (3, 6)
+
+
 def test_an_adapter_without_a_meter_knows_no_load() -> None:
-    engine, _ = adapter(None)
-    assert engine.load() is None
+    assert adapter(None).load() is None

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
+from sluicegate.counters import SharedTally
 from sluicegate.http.admission import AdmissionMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.errors import install_error_handlers
@@ -168,7 +169,30 @@ async def test_one_key_cannot_hold_more_than_its_share() -> None:
     assert gate.entered == 2
     gate.release.set()
     await asyncio.gather(held, other)
-    assert admission.per_key == {}
+    assert [admission.tally.count(k) for k in ("req", "req:key-a", "req:key-b")] == [0, 0, 0]
+
+
+async def test_workers_sharing_a_tally_hold_one_bound_between_them() -> None:
+    """Two workers' admission (two middlewares) over one shared tally: the gateway's bound and
+    a key's share are each one, not one per worker."""
+    tally = SharedTally(keys=16)
+    gate = Gate()
+    workers = [
+        AdmissionMiddleware(gate, Lifecycle(5), 2, max_in_flight_per_key=1, tally=tally)
+        for _ in range(2)
+    ]
+    held = asyncio.create_task(call(workers[0], key="key-a"))
+    await asyncio.sleep(0.01)
+    refused = await call(workers[1], key="key-a")
+    assert refused[0]["status"] == 429  # key-a's one slot is held in the other worker
+    other = asyncio.create_task(call(workers[1], key="key-b"))
+    await asyncio.sleep(0.01)
+    full = await call(workers[0], key="key-c")
+    assert full[0]["status"] == 503  # two in flight, across the workers
+    assert json.loads(full[1]["body"])["error"]["code"] == "overloaded"
+    gate.release.set()
+    await asyncio.gather(held, other)
+    assert [tally.count(k) for k in ("req", "req:key-a", "req:key-b")] == [0, 0, 0]
 
 
 async def test_while_draining_new_requests_get_503_and_in_flight_ones_finish() -> None:

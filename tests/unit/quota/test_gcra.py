@@ -179,3 +179,14 @@ async def test_state_is_one_number_per_key_and_limit_and_goes_when_full(
 )
 def test_format_duration_matches_openai(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+async def test_one_of_n_workers_without_redis_enforces_its_part_of_each_limit(
+    clock: Clock,
+) -> None:
+    """Of two workers, each admits half a key's requests per minute (and says so)."""
+    worker = MemoryRateLimiter(clock=clock, share=0.5)
+    limit = RateLimit(requests_per_minute=4, tokens_per_minute=None)
+    decisions = [await worker.acquire("key", limit, tokens=0) for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert decisions[0].headers["x-ratelimit-limit-requests"] == "2"

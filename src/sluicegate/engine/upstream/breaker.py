@@ -34,9 +34,18 @@ class Ticket:
 
 
 class Breaker:
-    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: BreakerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[BreakerState], None] | None = None,
+    ) -> None:
         self._config = config
         self._clock = clock
+        self.on_change = on_change
+        """Told the state each time it is found changed (the breaker-state gauge): a gauge
+        read at scrape time would not work across worker processes."""
+        self._shown: BreakerState = "closed"
         self._outcomes: deque[bool] = deque(maxlen=config.window)
         self._failures = 0
         self._consecutive = 0
@@ -49,10 +58,16 @@ class Breaker:
     @property
     def state(self) -> BreakerState:
         if not self._open:
-            return "closed"
-        if self._clock() - self._opened_at >= self._config.open_seconds:
-            return "half_open"
-        return "open"
+            state: BreakerState = "closed"
+        elif self._clock() - self._opened_at >= self._config.open_seconds:
+            state = "half_open"
+        else:
+            state = "open"
+        if state != self._shown:
+            self._shown = state
+            if self.on_change is not None:
+                self.on_change(state)
+        return state
 
     def value(self) -> float:
         """The state as a number (the breaker-state gauge)."""
@@ -117,6 +132,7 @@ class Breaker:
         self._trial = False
         self._period += 1
         self._opened_at = self._clock()
+        _ = self.state  # shown at once
 
     def _close(self) -> None:
         self._open = False
@@ -124,3 +140,4 @@ class Breaker:
         self._period += 1
         self._outcomes.clear()
         self._failures = 0
+        _ = self.state  # shown at once

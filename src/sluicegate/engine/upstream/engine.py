@@ -47,7 +47,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.upstream.balancer import Balancer
-from sluicegate.engine.upstream.breaker import Ticket
+from sluicegate.engine.upstream.breaker import STATE_VALUES, BreakerState, Ticket
 from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.engine.upstream.reads import coalesced
 from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
@@ -122,7 +122,9 @@ class UpstreamEngine:
                 metrics.UPSTREAM_RETRIES.labels(label, reason)
             metrics.UPSTREAM_HEALTHY.labels(label).set(1)
             metrics.UPSTREAM_IN_FLIGHT.labels(label).set(0)
-            metrics.UPSTREAM_BREAKER_STATE.labels(label).set_function(upstream.breaker.value)
+            breaker_gauge = metrics.UPSTREAM_BREAKER_STATE.labels(label)
+            breaker_gauge.set(upstream.breaker.value())
+            upstream.breaker.on_change = functools.partial(_show_breaker, breaker_gauge)
 
     @classmethod
     async def start(
@@ -640,6 +642,9 @@ class UpstreamEngine:
             log("upstream %s is %s", upstream.label, "healthy" if healthy else "unhealthy")
         upstream.healthy = healthy
         metrics.UPSTREAM_HEALTHY.labels(upstream.label).set(int(healthy))
+        # An open breaker turns half-open as time passes: looked at here, its gauge says so
+        # within a probe interval even while no request asks (see `Breaker.on_change`).
+        _ = upstream.breaker.state
 
 
 @dataclass(slots=True)
@@ -798,6 +803,10 @@ def _unavailable(last: _Failure | None) -> GatewayError:
 @functools.cache
 def _requests(label: str, outcome: str) -> Counter:
     return metrics.UPSTREAM_REQUESTS.labels(label, outcome)
+
+
+def _show_breaker(gauge: Gauge, state: BreakerState) -> None:
+    gauge.set(STATE_VALUES[state])
 
 
 @functools.cache

@@ -91,3 +91,22 @@ def test_the_error_ratio_opens_the_breaker_without_a_run_of_failures() -> None:
     for i in range(40):
         _fail(healthy) if i % 3 == 0 else _succeed(healthy)
     assert healthy.state == "closed"
+
+
+def test_every_change_of_state_is_told_once_as_it_is_seen() -> None:
+    """The gauge is set from `on_change`: at the trip, at the close, and when time has made an
+    open breaker half-open and someone looks."""
+    clock = Clock()
+    seen: list[str] = []
+    breaker = Breaker(BreakerConfig(failures=1, open_seconds=5.0), clock=clock)
+    breaker.on_change = seen.append
+    ticket = breaker.acquire()
+    assert ticket is not None
+    breaker.failure(ticket)
+    assert seen == ["open"]
+    clock.now += 5.0
+    assert seen == ["open"]  # nobody looked yet
+    trial = breaker.acquire()
+    assert trial is not None and seen == ["open", "half_open"]
+    breaker.success(trial)
+    assert seen == ["open", "half_open", "closed"]

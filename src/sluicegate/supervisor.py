@@ -1,0 +1,235 @@
+"""Several front-end processes over one engine: `SLUICEGATE_WORKERS` > 1.
+
+One Python process serves on one core: HTTP, templating and tokenizing, SSE, cache hits and
+upstream streams all share its event loop. The supervisor (this process) lets N workers share
+that work, as vLLM's `--api-server-count N` does for its own server:
+
+1. It takes the port (SO_REUSEPORT); each worker listens on it with a socket of its own, and
+   the kernel spreads new connections over them (by a hash of the client's address and
+   port). One socket shared by all would not: the worker already awake, busy with streams,
+   took every new connection while the idle one slept.
+2. It makes the counts the workers share (`counters`): requests in flight overall and per
+   key, each key's sequences, each engine's load.
+3. It launches each in-process engine's core (`engine.vllm_core`, vLLM's own machinery),
+   with a client slot per worker, and starts the workers (`server.run_worker`); the cores'
+   start-up fails if a worker dies first.
+4. It waits. SIGTERM or SIGINT is passed on to every worker, which drains; a second one
+   tells them to stop now (`worker.STOP_NOW`). When an engine core dies it tells the workers
+   (`worker.CORE_DIED`): their requests end with `engine_unavailable`, they drain and exit
+   with code 3. When a worker exits on its own (a crash, its engine's death) the others are
+   drained too: one worker cannot be replaced (its client slot of the core is gone), so the
+   gateway exits and its supervisor (Docker, Kubernetes) starts it again.
+5. Once every worker is gone it stops the cores and exits: 0, 3 after an engine's death, or
+   the first failing worker's code.
+
+Metrics: every worker writes its series to files under a directory made here
+(`PROMETHEUS_MULTIPROC_DIR`); any worker's `/metrics` merges them (`observability.exposition`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
+from sluicegate.settings import Settings
+from sluicegate.worker import STOP_NOW
+
+logger = logging.getLogger(__name__)
+
+CORE_STOP_TIMEOUT = 10.0
+"""Seconds the engine cores have to stop once the workers are gone, before SIGKILL."""
+
+
+@dataclass
+class _Stop:
+    """Stop signals received, passed on to the workers."""
+
+    workers: list[Any] = field(default_factory=list)
+    shared: list[Any] = field(default_factory=list)
+    """The shared counts: kept alive here for as long as the workers run (their locks are
+    named semaphores, unlinked when the supervisor's objects go)."""
+    signals: int = 0
+    serving: bool = False
+
+    def handle(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if not self.serving:
+            # Still starting (loading the model): give up the start.
+            raise SystemExit(0)
+        tell = signal.SIGTERM if self.signals == 1 else STOP_NOW
+        logger.info("%s: passed on to the workers", signal.Signals(sig).name)
+        _signal_all(self.workers, tell)
+
+
+def supervise(settings: Settings) -> int:
+    """Run `settings.workers` workers until they are stopped; the exit code as `serve`'s."""
+    metrics_dir = tempfile.mkdtemp(prefix="sluicegate-metrics-")
+    # Before the workers import prometheus-client, which reads it once.
+    from sluicegate.observability.exposition import MULTIPROCESS_DIR
+
+    os.environ[MULTIPROCESS_DIR] = metrics_dir
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop.handle)
+    signal.signal(signal.SIGINT, stop.handle)
+    sock = hold_port(settings)
+    cores: dict[str, Any] = {}
+    workers = stop.workers
+    try:
+        with contextlib.ExitStack() as starting:
+            _start(settings, cores, workers, stop.shared, starting)
+        # Leaving the block waited for every engine core to be ready.
+        stop.serving = True
+        logger.info(
+            "%d workers serving on %s:%d (pids %s)",
+            len(workers),
+            settings.host,
+            settings.port,
+            ", ".join(str(w.pid) for w in workers),
+        )
+        return _wait(workers, cores, metrics_dir)
+    finally:
+        if not stop.serving:
+            # The start failed or was given up: the workers started so far go too.
+            _signal_all(workers, STOP_NOW)
+            for worker in workers:
+                worker.join(CORE_STOP_TIMEOUT)
+                if worker.is_alive():
+                    worker.kill()
+        sock.close()
+        for core in cores.values():
+            core.shutdown(timeout=CORE_STOP_TIMEOUT)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _start(
+    settings: Settings,
+    cores: dict[str, Any],
+    workers: list[Any],
+    shared: list[Any],
+    starting: contextlib.ExitStack,
+) -> None:
+    """Launch the engine cores (within `starting`, whose end waits for them) and the workers,
+    into `cores` and `workers`; what they share into `shared`."""
+    from sluicegate import wiring
+    from sluicegate.counters import Board, SharedTally
+    from sluicegate.server import run_worker
+    from sluicegate.worker import GENERATIVE, Worker
+
+    count = settings.workers
+    context = multiprocessing.get_context("spawn")
+    # Live keys at most: the overall count, and per request in flight its key's requests
+    # and sequences.
+    tally = SharedTally(keys=2 * settings.max_in_flight + 2, context=context)
+    boards: dict[str, Board] = {}
+    shared += [tally, boards]
+    for kind, config in wiring.local_engine_configs(settings).items():
+        cores[kind] = starting.enter_context(_launch_core(kind, config, count))
+        if kind == GENERATIVE:
+            from sluicegate.engine.vllm_load import LoadMeter
+
+            size = LoadMeter.board_size(getattr(config, "data_parallel_size", 1))
+            boards[kind] = Board.shared(size, context)
+    for index in range(count):
+        worker = Worker(
+            index=index,
+            count=count,
+            tally=tally,
+            cores={kind: core.clients[index] for kind, core in cores.items()},
+            boards=boards,
+        )
+        process = context.Process(
+            target=run_worker,
+            name=f"sluicegate-worker-{index}",
+            args=(settings, worker),
+        )
+        process.start()
+        workers.append(process)
+    for core in cores.values():
+        core.handed_over()
+        core.watch(workers)
+
+
+@contextlib.contextmanager
+def _launch_core(kind: str, config: Any, count: int) -> Any:
+    from sluicegate.engine import vllm_core
+    from sluicegate.engine.vllm_embeddings import embedding_vllm_config
+    from sluicegate.engine.vllm_engine import engine_vllm_config
+    from sluicegate.worker import GENERATIVE
+
+    generative = kind == GENERATIVE
+    make = engine_vllm_config if generative else embedding_vllm_config
+    vllm_config = make(config, clients=count, rank=-1)
+    logger.info("starting the %s engine core for %d workers", kind, count)
+    with vllm_core.launch(vllm_config, count, log_stats=generative) as core:
+        yield core
+
+
+def _wait(workers: list[Any], cores: dict[str, Any], metrics_dir: str) -> int:
+    from prometheus_client import multiprocess
+
+    from sluicegate.worker import CORE_DIED
+
+    live = {w.sentinel: w for w in workers}
+    core_processes = {p.sentinel: (kind, p) for kind, core in cores.items() for p in core.processes}
+    code = 0
+    while live:
+        for ready in multiprocessing.connection.wait([*live, *core_processes]):
+            if ready in core_processes:
+                kind, process = core_processes.pop(ready)
+                process.join(1)
+                logger.error(
+                    "the %s engine core (pid %s) died with code %s: the workers drain, then "
+                    "the gateway exits with code %d",
+                    kind,
+                    process.pid,
+                    process.exitcode,
+                    ENGINE_DEATH_EXIT_CODE,
+                )
+                code = code or ENGINE_DEATH_EXIT_CODE
+                _signal_all(live.values(), CORE_DIED)
+                continue
+            worker = live.pop(ready)
+            worker.join()
+            multiprocess.mark_process_dead(worker.pid, metrics_dir)  # type: ignore[no-untyped-call]
+            exit_code = worker.exitcode
+            if exit_code != 0 and not code:
+                code = exit_code if exit_code and exit_code > 0 else 1
+                logger.error(
+                    "worker %s (pid %s) exited with code %s: the others drain, then the "
+                    "gateway exits with code %d",
+                    worker.name,
+                    worker.pid,
+                    exit_code,
+                    code,
+                )
+                _signal_all(live.values(), signal.SIGTERM)
+            elif exit_code == 0 and live and not code:
+                logger.info("worker %s (pid %s) stopped", worker.name, worker.pid)
+    return code
+
+
+def _signal_all(workers: Any, sig: int) -> None:
+    for worker in workers:
+        if worker.is_alive() and worker.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, sig)
+
+
+def hold_port(settings: Settings) -> socket.socket:
+    """The port, bound (not listening) with SO_REUSEPORT: taken before anything starts, so a
+    port in use stops start-up at once; the workers join it with listening sockets of their
+    own (`server.run_worker`), and only listening sockets receive connections."""
+    from sluicegate.server import bind_socket
+
+    return bind_socket(settings.host, settings.port, reuse_port=True)

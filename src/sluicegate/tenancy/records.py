@@ -1,0 +1,116 @@
+"""A managed key as it is stored (`KeyRecord`: its digest and settings, never the key), as the
+request path reads it (`KeyPolicy`), and as the admin API shows it (`view`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from sluicegate.keys import KeyBudget, KeyPolicy
+from sluicegate.prices import nanos
+from sluicegate.wire.admin_keys import KeySettings
+
+SETTINGS = ("name", "models", "rpm", "tpm", "priority", "budget", "expires_at", "metadata")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    digest: bytes
+    """SHA-256 of the key: what a presented key is matched by."""
+    settings: dict[str, Any]
+    """`KeySettings` as JSON (`expires_at` in Unix seconds)."""
+    created_at: int
+    updated_at: int
+
+    @classmethod
+    def new(cls, key_id: str, digest: bytes, settings: KeySettings, now: int) -> KeyRecord:
+        return cls(key_id, digest, stored(settings), now, now)
+
+    def changed(self, changes: KeySettings, now: int) -> KeyRecord:
+        """This record with the settings `changes` gives (`KeyUpdate`) replaced."""
+        merged = {**self.settings, **stored(changes, only_set=True)}
+        return KeyRecord(self.id, self.digest, merged, self.created_at, now)
+
+    def dumps(self) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "digest": self.digest.hex(),
+                "settings": self.settings,
+                "created_at": self.created_at,
+                "updated_at": self.updated_at,
+            }
+        )
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> KeyRecord:
+        data = orjson.loads(raw)
+        return cls(
+            data["id"],
+            bytes.fromhex(data["digest"]),
+            dict(data["settings"]),
+            int(data["created_at"]),
+            int(data["updated_at"]),
+        )
+
+    def policy(self) -> KeyPolicy:
+        s = self.settings
+        models = s.get("models")
+        return KeyPolicy(
+            requests_per_minute=s.get("rpm"),
+            tokens_per_minute=s.get("tpm"),
+            priority=s.get("priority"),
+            models=None if models is None else frozenset(models),
+            budget=_budget(s.get("budget")),
+            expires_at=s.get("expires_at"),
+        )
+
+    def view(self) -> dict[str, Any]:
+        """The key in the admin API: its id and settings, never its secret nor digest."""
+        return {
+            "id": self.id,
+            "object": "api_key",
+            "source": "managed",
+            **{name: self.settings.get(name) for name in SETTINGS},
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+def static_view(key_id: str, admin: bool) -> dict[str, Any]:
+    """A key of `SLUICEGATE_API_KEYS` (or `ADMIN_API_KEYS`): listed, read-only."""
+    return {
+        "id": key_id,
+        "object": "api_key",
+        "source": "admin_settings" if admin else "settings",
+        **{name: None for name in SETTINGS},
+        "created_at": None,
+        "updated_at": None,
+    }
+
+
+def stored(settings: KeySettings, only_set: bool = False) -> dict[str, Any]:
+    """The settings as they are stored: JSON, `expires_at` in Unix seconds."""
+    data = settings.model_dump(
+        mode="json", exclude_unset=only_set, exclude={"expires_at", "budget"}
+    )
+    if not only_set or "expires_at" in settings.model_fields_set:
+        expires: datetime | None = settings.expires_at
+        data["expires_at"] = None if expires is None else int(expires.timestamp())
+    if not only_set or "budget" in settings.model_fields_set:
+        data["budget"] = (
+            None if settings.budget is None else settings.budget.model_dump(exclude_none=True)
+        )
+    return data
+
+
+def _budget(spec: dict[str, Any] | None) -> KeyBudget | None:
+    if spec is None:
+        return None
+    if spec.get("tokens") is not None:
+        return KeyBudget(int(spec["tokens"]), "tokens", spec["period"])
+    return KeyBudget(nanos(float(spec["cost"])), "cost", spec["period"])

@@ -1,0 +1,58 @@
+"""Which of the gateway's processes this is, and what it shares with the others.
+
+With `SLUICEGATE_WORKERS` = 1 (the default) the gateway is one process, and `Worker()` says
+so: counts in its own memory, an engine core of its own. With N > 1 the supervisor
+(`supervisor.py`) starts N workers, each with a `Worker` naming its index, the counts in
+shared memory (`counters`), and its client of each engine core the supervisor launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sluicegate.counters import Board, LocalTally, Tally
+
+if TYPE_CHECKING:
+    from sluicegate.engine.vllm_core import CoreClient
+
+logger = logging.getLogger(__name__)
+
+GENERATIVE, EMBEDDING = "generate", "embed"
+"""The in-process engines a worker may be a client of."""
+CORE_DIED = signal.SIGUSR1
+"""The supervisor to its workers: an engine core died (the workers drain, then exit 3)."""
+STOP_NOW = signal.SIGUSR2
+"""The supervisor to its workers: stop without waiting for the drain (a second SIGTERM)."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    index: int = 0
+    count: int = 1
+    tally: Tally = field(default_factory=LocalTally)
+    """Requests and sequences in flight, overall and per API key, for the whole gateway."""
+    cores: dict[str, CoreClient] = field(default_factory=dict)
+    """This worker's client of each engine core the supervisor launched."""
+    boards: dict[str, Board] = field(default_factory=dict)
+    """Each engine's load, shared by the workers (`engine.vllm_load.LoadMeter`)."""
+
+    _on_core_death: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def alone(self) -> bool:
+        """The gateway is this one process."""
+        return self.count == 1
+
+    def on_core_death(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the supervisor says an engine core died (`CORE_DIED`): each
+        engine client fails what it waits for, which its health check then reports."""
+        self._on_core_death.append(callback)
+
+    def core_died(self) -> None:
+        logger.error("the supervisor reports an engine core's death")
+        for callback in self._on_core_death:
+            callback()

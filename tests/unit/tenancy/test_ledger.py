@@ -1,0 +1,71 @@
+"""The usage ledger's writes and reads alone, against a real Redis: batches, a batch sent
+twice, days and months, and the write that cannot land."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import date
+
+import redis.asyncio
+
+from sluicegate.prices import Price
+from sluicegate.tenancy.ledger import UsageLedger, _Batch
+from sluicegate.tenancy.usage import UsageQuery, UsageReader
+from tests.support.metrics import local_value
+from tests.support.redis_server import shared_redis_url
+
+DEC_31 = 1798761600.0 - 3600  # 2026-12-31T23:00:00Z
+JAN_1 = DEC_31 + 7200  # 2027-01-01T01:00:00Z
+
+
+def _query(**extra: object) -> UsageQuery:
+    fields = {"start": date(2026, 12, 1), "end": date(2027, 1, 31), **extra}
+    return UsageQuery(**fields)  # type: ignore[arg-type]
+
+
+async def test_a_batch_sent_twice_is_counted_once_and_read_back_by_day_and_month(
+    prefix: str,
+) -> None:
+    client = redis.asyncio.Redis.from_url(shared_redis_url())
+    now = [DEC_31]
+    ledger = UsageLedger(
+        client, prefix, price_of=lambda m: Price(1.0, 2.0) if m == "m1" else None,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    ledger.record("key-a", "m1", 10, 5, cached=4, error=False)
+    ledger.record("key-a", "m2", 3, 0, cached=0, error=True)
+    now[0] = JAN_1
+    ledger.record("key-b", "m1", 1, 1, cached=0, error=False)
+    batch = _Batch("fixed-id", dict(ledger._pending))
+    await ledger._send(batch)
+    await ledger._send(batch)  # a reply lost, the batch sent again
+    reader = UsageReader(client, prefix)
+    by_day = await reader.read(_query())
+    assert [(r["period"], r["key_id"], r["model"]) for r in by_day["data"]] == [
+        ("2026-12-31", "key-a", "m1"),
+        ("2026-12-31", "key-a", "m2"),
+        ("2027-01-01", "key-b", "m1"),
+    ]
+    totals = by_day["totals"]
+    assert totals["requests"] == 3 and totals["input_tokens"] == 14
+    assert totals["output_tokens"] == 6 and totals["cached_input_tokens"] == 4
+    assert totals["errors"] == 1
+    # m1: (10 + 1) input at 1 per million, (5 + 1) output at 2 per million.
+    assert totals["cost"] == (11 * 1 + 6 * 2) / 1e6
+    by_month = await reader.read(_query(group_by="month", key_id="key-a", model="m1"))
+    assert [(r["period"], r["requests"]) for r in by_month["data"]] == [("2026-12", 1)]
+    await client.aclose()
+
+
+async def test_a_write_that_cannot_land_is_retried_then_counted_lost(prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens
+    ledger = UsageLedger(client, prefix, give_up_after=0.2, op_timeout=0.2)
+    lost = local_value("sluicegate_usage_lost_total", measure="output_tokens")
+    ledger.record("key-a", "m1", 10, 7, cached=0, error=False)
+    assert not await ledger.flush()  # kept, to be sent again
+    assert local_value("sluicegate_usage_lost_total", measure="output_tokens") == lost
+    await asyncio.sleep(0.3)
+    assert not await ledger.flush()
+    assert local_value("sluicegate_usage_lost_total", measure="output_tokens") == lost + 7
+    assert await ledger.flush()  # nothing left
+    await client.aclose()
