@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -38,13 +39,21 @@ class DrainingServer(uvicorn.Server):
     `Lifecycle.watch_engine`).
     """
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, worker: bool = False):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        lifecycle: Lifecycle,
+        worker: bool = False,
+        on_serving: Callable[[], None] | None = None,
+    ):
         super().__init__(config)
         self.lifecycle = lifecycle
         self.worker = worker
         """One of several workers: a stop signal only starts the drain (it may reach a worker
         twice, from the terminal or systemd and from the supervisor); the supervisor's
         `STOP_NOW` ends it."""
+        self.on_serving = on_serving
+        """Called once the server listens, its start-up done."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.lifecycle.draining:
@@ -53,6 +62,13 @@ class DrainingServer(uvicorn.Server):
             return
         logger.info("draining: %d request(s) in flight", self.lifecycle.in_flight)
         self.lifecycle.begin_drain()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn listens on `sockets` once the lifespan has started: a worker still loading
+        # takes no connections (the kernel spreads them over listening sockets only).
+        await super().startup(sockets)
+        if self.started and self.on_serving is not None:
+            self.on_serving()
 
     def stop_now(self, sig: int, frame: FrameType | None) -> None:
         self.lifecycle.begin_drain()
@@ -87,7 +103,12 @@ def serve(
         lifecycle=lifecycle,
         worker=worker,
     )
-    server = DrainingServer(server_config(settings, app), lifecycle, worker=not worker.alone)
+    server = DrainingServer(
+        server_config(settings, app),
+        lifecycle,
+        worker=not worker.alone,
+        on_serving=worker.now_serving,
+    )
     if not worker.alone:
         signal.signal(STOP_NOW, server.stop_now)
     server.run(sockets=None if sock is None else [sock])
@@ -97,16 +118,24 @@ def serve(
 
 
 def run_worker(settings: Settings, worker: Worker) -> None:
-    """A worker process's entry point (`supervisor`): listen on the gateway's port beside the
-    other workers (SO_REUSEPORT), serve, and exit with `serve`'s code."""
+    """A worker process's entry point (`supervisor`): serve on the gateway's port beside the
+    other workers (SO_REUSEPORT), and exit with `serve`'s code. The socket listens only once
+    the worker's start-up is done (`DrainingServer.startup`): listening before, a worker still
+    loading took its share of new connections and held them in its backlog, unanswered, for as
+    long as its start-up lasted."""
     from sluicegate.observability.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format, worker.index)
-    sock = bind_socket(settings.host, settings.port, reuse_port=True)
-    sock.listen(settings.backlog)
+    sock = worker_socket(settings)
     # A supervisor killed outright leaves no one to stop the workers: each drains on its own.
     watch_parent(os.getppid(), _orphaned)
     sys.exit(serve(settings, worker, sock))
+
+
+def worker_socket(settings: Settings) -> socket.socket:
+    """A worker's socket on the gateway's port, beside the other workers' (SO_REUSEPORT):
+    bound, and not listening until `DrainingServer.startup` has started the app."""
+    return bind_socket(settings.host, settings.port, reuse_port=True)
 
 
 def _orphaned() -> None:

@@ -7,7 +7,8 @@ that work, as vLLM's `--api-server-count N` does for its own server:
 1. It takes the port (SO_REUSEPORT); each worker listens on it with a socket of its own, and
    the kernel spreads new connections over them (by a hash of the client's address and
    port). One socket shared by all would not: the worker already awake, busy with streams,
-   took every new connection while the idle one slept.
+   took every new connection while the idle one slept. A worker listens only once its
+   start-up is done, and says so (`Worker.now_serving`); the supervisor logs when all do.
 2. It makes the counts the workers share (`counters`): requests in flight overall and per
    key, each key's sequences, each engine's load.
 3. It launches each in-process engine's core (`engine.vllm_core`, vLLM's own machinery),
@@ -38,6 +39,7 @@ import signal
 import socket
 import tempfile
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
@@ -87,17 +89,15 @@ def supervise(settings: Settings) -> int:
     workers = stop.workers
     try:
         with contextlib.ExitStack() as starting:
-            _start(settings, cores, workers, stop.shared, starting)
+            announcing = _start(settings, cores, workers, stop.shared, starting)
         # Leaving the block waited for every engine core to be ready.
         stop.serving = True
         logger.info(
-            "%d workers serving on %s:%d (pids %s)",
+            "%d workers started (pids %s), each listening once its start-up is done",
             len(workers),
-            settings.host,
-            settings.port,
             ", ".join(str(w.pid) for w in workers),
         )
-        return _wait(workers, cores, metrics_dir)
+        return _wait(workers, cores, metrics_dir, announcing, f"{settings.host}:{settings.port}")
     finally:
         if not stop.serving:
             # The start failed or was given up: the workers started so far go too.
@@ -118,9 +118,10 @@ def _start(
     workers: list[Any],
     shared: list[Any],
     starting: contextlib.ExitStack,
-) -> None:
+) -> list[Connection]:
     """Launch the engine cores (within `starting`, whose end waits for them) and the workers,
-    into `cores` and `workers`; what they share into `shared`."""
+    into `cores` and `workers`; what they share into `shared`. Returns the pipes on which each
+    worker says that it is serving (`Worker.now_serving`)."""
     from sluicegate import wiring
     from sluicegate.counters import Board, SharedTally
     from sluicegate.server import run_worker
@@ -140,13 +141,16 @@ def _start(
 
             size = LoadMeter.board_size(getattr(config, "data_parallel_size", 1))
             boards[kind] = Board.shared(size, context)
+    announcing: list[Connection] = []
     for index in range(count):
+        reader, writer = context.Pipe(duplex=False)
         worker = Worker(
             index=index,
             count=count,
             tally=tally,
             cores={kind: core.clients[index] for kind, core in cores.items()},
             boards=boards,
+            serving=writer,
         )
         process = context.Process(
             target=run_worker,
@@ -154,10 +158,14 @@ def _start(
             args=(settings, worker),
         )
         process.start()
+        # The worker holds its own end now: a worker that dies before serving closes the pipe.
+        writer.close()
         workers.append(process)
+        announcing.append(reader)
     for core in cores.values():
         core.handed_over()
         core.watch(workers)
+    return announcing
 
 
 @contextlib.contextmanager
@@ -175,16 +183,34 @@ def _launch_core(kind: str, config: Any, count: int) -> Any:
         yield core
 
 
-def _wait(workers: list[Any], cores: dict[str, Any], metrics_dir: str) -> int:
+def _wait(
+    workers: list[Any],
+    cores: dict[str, Any],
+    metrics_dir: str,
+    announcing: list[Connection],
+    where: str,
+) -> int:
     from prometheus_client import multiprocess
 
     from sluicegate.worker import CORE_DIED
 
     live = {w.sentinel: w for w in workers}
     core_processes = {p.sentinel: (kind, p) for kind, core in cores.items() for p in core.processes}
+    waiting = set(announcing)
+    serving = 0
     code = 0
     while live:
-        for ready in multiprocessing.connection.wait([*live, *core_processes]):
+        for ready in multiprocessing.connection.wait([*live, *core_processes, *waiting]):
+            if ready in waiting:
+                waiting.discard(ready)
+                # EOF: the worker died before it served (its sentinel says so).
+                with contextlib.suppress(EOFError, OSError):
+                    ready.recv()
+                    serving += 1
+                    if serving == len(workers):
+                        logger.info("all %d workers serving on %s", serving, where)
+                ready.close()
+                continue
             if ready in core_processes:
                 kind, process = core_processes.pop(ready)
                 process.join(1)

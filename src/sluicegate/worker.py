@@ -12,7 +12,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.counters import Board, LocalTally, Tally
 
@@ -39,6 +39,9 @@ class Worker:
     """This worker's client of each engine core the supervisor launched."""
     boards: dict[str, Board] = field(default_factory=dict)
     """Each engine's load, shared by the workers (`engine.vllm_load.LoadMeter`)."""
+    serving: Any = None
+    """The write end of a pipe to the supervisor, told once this worker listens
+    (`multiprocessing.connection.Connection`)."""
 
     _on_core_death: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -51,6 +54,12 @@ class Worker:
         """Call `callback` when the supervisor says an engine core died (`CORE_DIED`): each
         engine client fails what it waits for, which its health check then reports."""
         self._on_core_death.append(callback)
+
+    def now_serving(self) -> None:
+        """Tell the supervisor that this worker's start-up is done and it takes connections."""
+        if self.serving is not None:
+            self.serving.send(self.index)
+            self.serving.close()
 
     def core_died(self) -> None:
         logger.error("the supervisor reports an engine core's death")

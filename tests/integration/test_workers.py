@@ -2,8 +2,9 @@
 both, aborts from either reach the engine, a key's share holds across them, a drain takes
 streams on both, and the engine's death ends both with code 3.
 
-Which worker served a request is in its response's `X-Sluicegate-Worker` header; a new
-connection goes to whichever worker accepts it first, so tests send until both have answered.
+Which worker served a request is in its response's `X-Sluicegate-Worker` header; the kernel
+spreads new connections over the workers by a hash of the client's port, so tests send until
+both have answered.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _until_both(
     send: Callable[[int], httpx.Response], each: int, most: int = 64
 ) -> list[httpx.Response]:
     """Requests, one after another on new connections, until each worker has answered `each`
-    (the kernel hands a new connection to whichever worker accepts first)."""
+    (the kernel picks a worker for each new connection by a hash of its port)."""
     responses: list[httpx.Response] = []
     while min(sum(_worker(r) == w for r in responses) for w in (0, 1)) < each:
         assert len(responses) < most, "one worker took every connection"

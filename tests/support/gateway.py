@@ -33,6 +33,8 @@ class GatewayProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    workers: int = 1
+    """`SLUICEGATE_WORKERS`: with more than one, ready once every worker listens."""
 
     @property
     def url(self) -> str:
@@ -90,15 +92,19 @@ def launch_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None
     """Start `sluicegate serve` and return at once, before it is ready."""
     port = free_port()
     log_path = log_dir / f"gateway-{port}.log"
+    environment = gateway_env(env)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "sluicegate", "serve", "--port", str(port), *flags],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=gateway_env(env),
+            env=environment,
             start_new_session=True,
         )
-    gateway = GatewayProcess(process, port, log_path)
+    workers = environment.get("SLUICEGATE_WORKERS", "1")
+    if "--workers" in flags:
+        workers = flags[flags.index("--workers") + 1]
+    gateway = GatewayProcess(process, port, log_path, int(workers))
     _started.add(gateway)
     return gateway
 
@@ -154,19 +160,23 @@ def running_gateways(log_dir: Path, *specs: GatewaySpec) -> Iterator[list[Gatewa
 
 
 def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
-    """Wait for `/ready` to answer 200; stop the process and raise if it exits or times out."""
+    """Wait for `/ready` to answer 200, and with several workers for the supervisor's word that
+    all of them listen (one answering says nothing of the others, which take no connections
+    until they do); stop the process and raise if it exits or times out."""
     process = gateway.process
     deadline = time.monotonic() + START_TIMEOUT_S
+    all_serving = f"all {gateway.workers} workers serving"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(
                 f"gateway exited with {process.returncode}:\n{gateway.log()[-4000:]}"
             )
         try:
-            if httpx.get(f"{gateway.url}/ready", timeout=2).status_code == 200:
-                return gateway
+            ready = httpx.get(f"{gateway.url}/ready", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
+            ready = False
+        if ready and (gateway.workers == 1 or all_serving in gateway.log()):
+            return gateway
         time.sleep(0.5)
     gateway.stop()
     raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S} s:\n{gateway.log()[-4000:]}")

@@ -3,6 +3,7 @@ drain), over the fake engine, on a free loopback port."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -10,12 +11,19 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
-from sluicegate.server import DrainingServer, exposure_warning, server_config
+from sluicegate.server import (
+    DrainingServer,
+    bind_socket,
+    exposure_warning,
+    server_config,
+    worker_socket,
+)
 from sluicegate.settings import Settings
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
 from tests.support.gateway import free_port
@@ -245,6 +253,70 @@ def test_with_exit_on_engine_death_off_the_server_stays_up_unready() -> None:
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "engine_unavailable"
     assert server.lifecycle.exit_code == 0
+
+
+# ---- a worker's start-up -------------------------------------------------------------------
+
+
+def _accept_all(sock: socket.socket, within: float) -> int:
+    """Connections `sock` accepts (and closes) until none comes for `within` seconds."""
+    sock.settimeout(within)
+    accepted = 0
+    with contextlib.suppress(TimeoutError):
+        while True:
+            connection, _ = sock.accept()
+            connection.close()
+            accepted += 1
+    return accepted
+
+
+def test_a_worker_takes_no_connections_until_its_start_up_is_done() -> None:
+    """With several workers on one port (SO_REUSEPORT), one still starting must leave every new
+    connection to those that serve: listening early, it took its share and held them
+    unanswered in its backlog for as long as its start-up lasted."""
+    port = free_port()
+    settings = Settings(host="127.0.0.1", port=port, _env_file=None)  # type: ignore[call-arg]
+    starting, release, serving = threading.Event(), threading.Event(), threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            starting.set()
+            await asyncio.to_thread(release.wait, 60)
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+
+    # The other worker: serving already.
+    other = bind_socket("127.0.0.1", port, reuse_port=True)
+    other.listen(128)
+    lifecycle = Lifecycle(drain_timeout=1)
+    server = DrainingServer(
+        server_config(settings, app),  # type: ignore[arg-type]
+        lifecycle,
+        worker=True,
+        on_serving=serving.set,
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [worker_socket(settings)]})
+    thread.start()
+    clients: list[socket.socket] = []
+    try:
+        assert starting.wait(20)
+        clients += [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(32)]
+        assert _accept_all(other, within=1.0) == 32
+        release.set()
+        assert serving.wait(20)
+        clients += [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(32)]
+        # Now the kernel spreads them over both (a hash of the client's port): the odds that
+        # all 32 go to one are 2**-31.
+        assert _accept_all(other, within=1.0) < 32
+    finally:
+        release.set()
+        for client in clients:
+            client.close()
+        server.should_exit = True
+        thread.join(10)
+        other.close()
 
 
 # ---- safe defaults -------------------------------------------------------------------------
