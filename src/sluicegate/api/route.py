@@ -10,26 +10,33 @@ FastAPI parses and validates a body inline, in C and Rust code that holds the GI
 of many small objects near the size limit that is a second or more during which no other
 request (nor `/health`) is served. Above `LARGE_BODY_BYTES`, this route has the body parsed,
 validated and made compact in a worker process first (`wire.compact`), and hands FastAPI the
-compact form, whose validation costs little. Smaller bodies take FastAPI's own path. The
-worker's queue is bounded, in all and per key (`offload.ProcessOffload`): past it, a 503
-`overloaded`, or the key's 429.
+compact form, whose validation costs little. The worker's queue is bounded, in all and per
+key (`offload.ProcessOffload`): past it, a 503 `overloaded`, or the key's 429.
+
+A smaller JSON body whose endpoint takes only the body, the request and the app's state
+(`_direct_call`: the inference routes) is validated by pydantic straight from its bytes and
+handed to the endpoint: FastAPI's request handler (a JSON parse, then the dependency solver
+and the validation of the parsed object) cost about 70 µs more per request, a twentieth of
+an upstream stream's CPU. A body that fails validation goes through FastAPI's handler after
+all, so every error reads as FastAPI renders it. Other bodies take FastAPI's own path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sluicegate.api.deps import get_state
 from sluicegate.errors import ConcurrencyLimitError, OverloadedError
 from sluicegate.http.asgi import api_key_id, mark_counted
-from sluicegate.http.state import app_state
+from sluicegate.http.state import AppState, app_state
 from sluicegate.observability import metrics
 from sluicegate.offload import QueueFullError
 from sluicegate.wire.compact import compact_body
@@ -51,6 +58,8 @@ class LargeBodyRoute(APIRoute):
         if model is None:
             return handle
 
+        direct = self._direct_call(model)
+
         async def route(request: Request) -> Response:
             body = await request.body()
             state = app_state(request.scope)
@@ -71,9 +80,51 @@ class LargeBodyRoute(APIRoute):
                 # What Starlette's `Request.json()` returns from then on: FastAPI validates
                 # this instead of parsing the body again.
                 request._json = compact.data
+            elif direct is not None and _is_json(request):
+                try:
+                    parsed = model.model_validate_json(body)
+                except ValidationError:
+                    return await handle(request)  # its error, as FastAPI renders it
+                return await direct(parsed, request, state)
             return await handle(request)
 
         return route
+
+    def _direct_call(
+        self, model: type[BaseModel]
+    ) -> Callable[[BaseModel, Request, AppState], Awaitable[Response]] | None:
+        """The endpoint called with the validated body, the request and the app's state, when
+        that is all it takes (`StateDep` its only dependency) and it answers a `Response`;
+        else None."""
+        dependant = self.dependant
+        if (
+            self.dependencies
+            or dependant.path_params
+            or dependant.query_params
+            or dependant.header_params
+            or dependant.cookie_params
+            or dependant.response_param_name
+            or dependant.background_tasks_param_name
+            or any(d.call is not get_state for d in dependant.dependencies)
+            or getattr(dependant.body_params[0].field_info, "embed", False)
+            or not _answers_response(self.endpoint)
+        ):
+            return None
+        endpoint = self.endpoint
+        body_name = dependant.body_params[0].name
+        request_name = dependant.request_param_name
+        state_names = [d.name for d in dependant.dependencies if d.name is not None]
+
+        async def call(body: BaseModel, request: Request, state: AppState) -> Response:
+            arguments: dict[str, Any] = {body_name: body}
+            if request_name is not None:
+                arguments[request_name] = request
+            for name in state_names:
+                arguments[name] = state
+            answer: Response = await endpoint(**arguments)
+            return answer
+
+        return call
 
     def _body_model(self) -> type[BaseModel] | None:
         params = self.dependant.body_params
@@ -106,6 +157,11 @@ def _queue_full(full: QueueFullError) -> Exception:
         "Retry in 1 s.",
         headers={"retry-after": "1"},
     )
+
+
+def _answers_response(endpoint: Callable[..., Any]) -> bool:
+    answer = get_type_hints(endpoint).get("return")
+    return isinstance(answer, type) and issubclass(answer, Response)
 
 
 def _is_json(request: Request) -> bool:
