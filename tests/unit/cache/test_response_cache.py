@@ -314,7 +314,10 @@ async def test_redis_ttl_follows_the_policy(prefix: str) -> None:
 
 async def test_a_corrupt_entry_is_a_miss_and_is_replaced(prefix: str) -> None:
     engine = FakeEngine()
-    settings = redis_cache(prefix)
+    # The store's entries alone: a near copy (kept after the first HIT) is dropped only when
+    # Redis's report of the change arrives, which a request right after the change may beat
+    # (the near cache's coherence is `test_invalidation.py`'s).
+    settings = redis_cache(prefix, cache_near_max_bytes=0)
     errors = CACHE_STORE_ERRORS.labels(op="decode")._value.get()
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -443,7 +446,8 @@ async def test_fast_path_hits_still_count_against_rate_limits() -> None:
 
 async def test_fast_path_falls_back_when_the_entry_is_gone(prefix: str) -> None:
     engine = FakeEngine()
-    settings = redis_cache(prefix)
+    # The store's entry alone (a near copy lasts until Redis's report of the delete arrives).
+    settings = redis_cache(prefix, cache_near_max_bytes=0)
     with serve_in_thread(fake_app(engine, **settings)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             await post(client, greedy_chat())
