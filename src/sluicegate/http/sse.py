@@ -117,10 +117,10 @@ class EventStreamResponse(Response):
             async with asyncio.timeout(closing):
                 if error is None:
                     done = SSE_DONE if self._ending is None else self._ending.done()
-                    await send({"type": "http.response.body", "body": done, "more_body": True})
+                    await send({"type": "http.response.body", "body": done, "more_body": False})
                 else:
                     await send_error_event(send, error, self._ending)
-                await send(_END)
+                    await send(_END)
         except TimeoutError:
             logger.info("a stream's client stopped reading; dropping its connection")
 

@@ -471,7 +471,17 @@ class CompletionService:
             with GenerationTelemetry(
                 operation, self._model_name, run.id, run.prompt_tokens, run.options, tools
             ) as telemetry:
+
+                def seen(prompt_index: int, step: EngineStep) -> None:
+                    if telemetry.step(prompt_index, step):
+                        # Its first token came after a failed try elsewhere (an upstream
+                        # retried): a delay the queue does not model, not taught.
+                        ticket.learns = ticket.learns and not step.retried
+                        ticket.started()
+                    _count_prompt(run, prompt_index, step)
+
                 if len(run.prompts) == 1:
+                    # The one prompt's steps, read here: a generator less on every step.
                     steps = self._engine.generate(
                         run.engine_request_id(0),
                         run.prompts[0],
@@ -480,17 +490,14 @@ class CompletionService:
                         priority=run.priority,
                         adapter=self._adapter,
                     )
-                    tagged: AsyncGenerator[tuple[int, EngineStep], None] = _tagged(steps)
-                else:
-                    tagged = _merge(self._engine, run, self._adapter)
-                async with contextlib.aclosing(tagged) as each:
+                    async with contextlib.aclosing(steps):
+                        async for step in steps:
+                            seen(0, step)
+                            yield 0, step
+                    return
+                async with contextlib.aclosing(_merge(self._engine, run, self._adapter)) as each:
                     async for prompt_index, step in each:
-                        if telemetry.step(prompt_index, step):
-                            # Its first token came after a failed try elsewhere (an upstream
-                            # retried): a delay the queue does not model, not taught.
-                            ticket.learns = ticket.learns and not step.retried
-                            ticket.started()
-                        _count_prompt(run, prompt_index, step)
+                        seen(prompt_index, step)
                         yield prompt_index, step
         finally:
             ticket.close()
@@ -539,6 +546,10 @@ async def _events(
 ) -> AsyncGenerator[bytes, None]:
     """SSE events from the run's deltas; the deltas are closed (aborting the run) with them.
 
+    Each piece is what one delta adds, its events joined: one write to the client. The delta
+    that finishes the run's last choice is followed by nothing but the end of the deltas, so
+    its events wait for the closing ones and go with them.
+
     `on_finish` runs after the closing events are rendered but before they are sent, so what
     it does (storing a response) is done by the time a client reads the end of the stream."""
     fmt = run.format
@@ -546,31 +557,34 @@ async def _events(
         writer: StreamWriter = PassThroughWriter(fmt)
     else:
         writer = stream_writer(fmt)
+    unfinished = run.expected_choices
+    last = b""
     try:
         async with contextlib.aclosing(deltas):
-            async for delta in deltas:
-                for event in writer.events(delta):
-                    yield event
+            try:
+                async for delta in deltas:
+                    events = b"".join(writer.events(delta))
+                    if delta.finish_reason is not None:
+                        unfinished -= 1
+                    if unfinished <= 0 or last:
+                        last += events
+                    elif events:
+                        yield events
+            except Exception:
+                if last:
+                    yield last  # what came before the failure, then its error event
+                raise
         completion = writer.completion(run.prompt_tokens)
-        closing = list(writer.closing(completion, run.include_usage))
+        closing = b"".join(writer.closing(completion, run.include_usage))
         if on_finish is not None:
             await on_finish(completion)
-        for event in closing:
-            yield event
+        if last or closing:
+            yield last + closing
     finally:
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:
             produced = writer.completion(run.prompt_tokens).completion_tokens
             await on_end(produced, run.uncounted_prompt_tokens)
-
-
-async def _tagged(
-    steps: AsyncGenerator[EngineStep, None],
-) -> AsyncGenerator[tuple[int, EngineStep], None]:
-    """The one prompt's steps, tagged with its index; closing this closes them."""
-    async with contextlib.aclosing(steps):
-        async for step in steps:
-            yield 0, step
 
 
 async def _merge(

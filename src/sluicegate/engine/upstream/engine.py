@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from prometheus_client import Counter, Gauge, Histogram
@@ -73,7 +73,6 @@ from sluicegate.observability import metrics
 logger = logging.getLogger(__name__)
 
 _ERROR_BODY_BYTES = 64 * 1024
-_JSON = {"Content-Type": "application/json"}
 _HEALTH_TIMEOUT = 2.0
 _CREDENTIALS_REFUSED = frozenset({401, 403, 407})
 _PASSED_ON = frozenset({400, 404, 413, 422})
@@ -397,7 +396,7 @@ class UpstreamEngine:
         _in_flight(label).inc()
         sent = time.perf_counter()
         response = await self._send(exchange, path, content)
-        exchange.events = self._events(exchange.reader, response)
+        exchange.events = self._events(exchange.reader, response, upstream.reads_whole)
         try:
             first = await anext(exchange.events)
         except StopAsyncIteration:
@@ -419,10 +418,7 @@ class UpstreamEngine:
         upstream = exchange.upstream
         try:
             # No X-Request-Id: llama.cpp's server refuses one that is not a UUID (400, no body).
-            request = upstream.client.build_request(
-                "POST", upstream.endpoint(path), content=content, headers=_JSON
-            )
-            exchange.response = await upstream.client.send(request, stream=True)
+            exchange.response = await upstream.send(path, content)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             error: GatewayError = BadGatewayError("Could not connect to the upstream server.")
             raise self._failed(exchange, "connect_error", error, True, detail=exc) from exc
@@ -470,15 +466,19 @@ class UpstreamEngine:
             await self._end(exchange)
 
     async def _events(
-        self, reader: StreamReader, response: httpx.Response
+        self, reader: StreamReader, response: httpx.Response, reads_whole: bool
     ) -> AsyncGenerator[EngineStep, None]:
-        """One step for all the events that came since the last (`reads.coalesced`): an
-        upstream faster than the gateway costs one pass down the pipeline per read, not one
-        per event. Read to the body's end, past `[DONE]`: a response closed before its last
-        chunk closes its connection too, and the next request would pay for a new one."""
+        """One step for all the events that came since the last: an upstream faster than
+        the gateway costs one pass down the pipeline per read, not one per event. A transport
+        that hands out a chunk at a time is read ahead (`reads.coalesced`); one that hands out
+        all it holds (`Upstream.reads_whole`) needs no task for it. Read to the body's end,
+        past `[DONE]`: a response closed before its last chunk closes its connection too, and
+        the next request would pay for a new one."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         partial = ""
-        async with contextlib.aclosing(coalesced(response.aiter_bytes())) as pieces:
+        # An async generator (httpx types it as an iterator): closing it ends the read.
+        body = cast(AsyncGenerator[bytes, None], response.aiter_bytes())
+        async with contextlib.aclosing(body if reads_whole else coalesced(body)) as pieces:
             async for piece in pieces:
                 lines = (partial + decoder.decode(piece)).split("\n")
                 partial = lines.pop()

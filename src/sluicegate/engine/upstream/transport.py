@@ -89,11 +89,7 @@ class UpstreamTransport(AiohttpTransport):
     def __init__(self, pool: PoolConfig) -> None:
         super().__init__(
             trust_env=False,
-            limits=httpx.Limits(
-                max_connections=pool.max_connections,
-                max_keepalive_connections=pool.max_keepalive,
-                keepalive_expiry=pool.keepalive_expiry,
-            ),
+            limits=limits(pool),
             client=self._session,
         )
         self._pool = pool
@@ -117,10 +113,18 @@ class UpstreamTransport(AiohttpTransport):
         return response
 
 
-def upstream_transport(pool: PoolConfig) -> httpx.AsyncBaseTransport | None:
+def upstream_transport(pool: PoolConfig) -> httpx.AsyncBaseTransport:
     """The transport for one upstream's client: aiohttp's, unless the pool asks for httpx's
-    own (`UPSTREAM_TRANSPORT=httpcore`, or HTTP/2, which aiohttp does not speak). None: the
-    client makes httpx's own from its `Limits` and `http2`."""
+    own (`UPSTREAM_TRANSPORT=httpcore`, or HTTP/2, which aiohttp does not speak), made as
+    `httpx.AsyncClient` makes it from the same settings."""
     if pool.http2 or pool.transport == "httpcore":
-        return None
+        return httpx.AsyncHTTPTransport(http2=pool.http2, limits=limits(pool), trust_env=False)
     return UpstreamTransport(pool)
+
+
+def limits(pool: PoolConfig) -> httpx.Limits:
+    return httpx.Limits(
+        max_connections=pool.max_connections,
+        max_keepalive_connections=pool.max_keepalive,
+        keepalive_expiry=pool.keepalive_expiry,
+    )

@@ -205,15 +205,16 @@ class StreamReader:
         finishing chunk held with its event until the usage has come, as `feed` holds it."""
         passed: list[str] = []
         tokens = 0
+        plain = 0
+        """Plain chunks with text, counted once for the read."""
         for line in lines:
-            if self.done or not line.startswith("data:"):
+            if not line.startswith("data:") or self.done:
                 continue
             data = line[5:].strip()
             if _plain_chunk(data):
                 passed.append(data)
-                counted = 0 if _empty_text(data) else 1
-                self.counted[0] = self.counted.get(0, 0) + counted
-                tokens += counted
+                if not _empty_text(data):
+                    plain += 1
                 continue
             event = self._event(data)
             if event is None:
@@ -225,6 +226,9 @@ class StreamReader:
             elif event.get("choices"):
                 passed.append(data)
                 tokens += sum(d.num_tokens for d in deltas)
+        if plain:
+            self.counted[0] = self.counted.get(0, 0) + plain
+            tokens += plain
         if not passed:
             return None
         return EngineStep(choices=[ChoiceDelta(0, "", tokens, raw=_framed(passed))])

@@ -228,6 +228,9 @@ async def test_a_stream_arrives_whole_over_one_kept_alive_connection(transport_n
 
 
 def test_http2_and_httpcore_keep_httpx_own_transport() -> None:
-    assert upstream_transport(PoolConfig(http2=True)) is None
-    assert upstream_transport(PoolConfig(transport="httpcore")) is None
+    for pool in (PoolConfig(http2=True), PoolConfig(transport="httpcore")):
+        transport = upstream_transport(pool)
+        assert type(transport) is httpx.AsyncHTTPTransport
+        assert transport._pool._http2 == pool.http2
+        assert transport._pool._max_connections == pool.max_connections
     assert isinstance(upstream_transport(PoolConfig()), UpstreamTransport)
