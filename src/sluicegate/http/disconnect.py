@@ -30,17 +30,30 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
+def watch_disconnect(receive: Receive) -> asyncio.Future[None]:
+    """A watcher of the client's connection, done when the client is gone, for several
+    `until_disconnect` in turn (a stream's first event, then the stream). Whoever ends the
+    last of them cancels it."""
+    return asyncio.ensure_future(wait_for_disconnect(receive))
+
+
 async def until_disconnect(
-    receive: Receive, work: Awaitable[T], time_limit: float | None = None
+    receive: Receive,
+    work: Awaitable[T],
+    time_limit: float | None = None,
+    watcher: asyncio.Future[None] | None = None,
 ) -> T:
     """Await `work`. If the client leaves first, cancel it and raise `ClientDisconnected`;
     if `time_limit` seconds pass first, cancel it and raise `DeadlineExceededError`.
 
     The work runs in the caller's own task, cancelled by the disconnect watcher's callback
-    (as `asyncio.timeout` cancels it), so each call costs one task, the watcher, not two."""
+    (as `asyncio.timeout` cancels it), so each call costs one task, the watcher, not two;
+    none when given the `watcher` of an earlier call (`watch_disconnect`), which then goes
+    on watching."""
     task = asyncio.current_task()
     assert task is not None
     gone = False
+    own = watcher is None
 
     def on_disconnect(watcher: asyncio.Future[None]) -> None:
         nonlocal gone
@@ -50,7 +63,8 @@ async def until_disconnect(
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    if watcher is None:
+        watcher = watch_disconnect(receive)
     watcher.add_done_callback(on_disconnect)
     limit = asyncio.timeout(time_limit)
     try:
@@ -67,4 +81,5 @@ async def until_disconnect(
         raise
     finally:
         watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
+        if own:
+            watcher.cancel()

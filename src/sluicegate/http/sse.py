@@ -32,7 +32,12 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from sluicegate.errors import DeadlineExceededError, GatewayError
-from sluicegate.http.disconnect import ClientDisconnected, until_disconnect, wait_for_disconnect
+from sluicegate.http.disconnect import (
+    ClientDisconnected,
+    until_disconnect,
+    wait_for_disconnect,
+    watch_disconnect,
+)
 from sluicegate.http.errors import send_error_event
 from sluicegate.wire.events import SSE_DONE, SSE_HEADERS, StreamWriter
 
@@ -75,12 +80,15 @@ class EventStreamResponse(Response):
         pending: asyncio.Future[bytes] | None = None,
         keepalive: Keepalive | None = None,
         first_by: float | None = None,
+        watcher: asyncio.Future[None] | None = None,
     ):
         """`deadline` is an event-loop time by which the stream must end; `stall_timeout` the
         longest wait for the next event, and for each send. Either ends the stream with an
         error event, which closes the source and aborts the engine request. `ending` renders
         the stream's end (`[DONE]`, or the error events) when it is not a chat stream's.
-        `pending`: the first event, still awaited (with `keepalive`, by `first_by`)."""
+        `pending`: the first event, still awaited (with `keepalive`, by `first_by`).
+        `watcher`: the exchange's disconnect watcher (`watch_disconnect`), which the
+        response takes over and ends with the stream."""
         # Like Starlette's StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
@@ -94,12 +102,16 @@ class EventStreamResponse(Response):
         self._pending = pending
         self._keepalive = keepalive
         self._first_by = first_by
+        self._watcher = watcher
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, self._stream(send))
+            await until_disconnect(receive, self._stream(send), watcher=self._watcher)
         except ClientDisconnected:
             return
+        finally:
+            if self._watcher is not None:
+                self._watcher.cancel()
 
     async def _stream(self, send: Send) -> None:
         closing: float | None
@@ -279,13 +291,16 @@ async def open_event_stream(
         return await _open_kept_alive(
             receive, events, headers, deadline, stall_limit, ending, keepalive, wait
         )
+    # One watcher for the exchange: it watches for the first event, then for the stream.
+    watcher = watch_disconnect(receive)
     try:
         first = await until_disconnect(
-            receive, anext(events), None if wait is None else wait - loop.time()
+            receive, anext(events), None if wait is None else wait - loop.time(), watcher
         )
     except StopAsyncIteration:
         first = b""
     except BaseException:
+        watcher.cancel()
         await events.aclose()
         raise
     return EventStreamResponse(
@@ -295,6 +310,7 @@ async def open_event_stream(
         deadline=deadline,
         stall_timeout=stall_limit,
         ending=ending,
+        watcher=watcher,
     )
 
 

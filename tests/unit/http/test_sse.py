@@ -1,4 +1,5 @@
-"""The event stream against a client that stops reading: every send is bounded."""
+"""The event stream against a client that stops reading (every send is bounded), and the
+watch on its client's connection (one for the exchange)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncGenerator
 
 from starlette.types import Message
 
-from sluicegate.http.sse import CLOSING_SEND_TIMEOUT, EventStreamResponse
+from sluicegate.http.sse import CLOSING_SEND_TIMEOUT, EventStreamResponse, open_event_stream
 
 STALL = 0.3
 
@@ -166,3 +167,41 @@ async def test_a_cancelled_stream_is_cancelled_not_timed_out() -> None:
     assert task.cancelled()
     assert source.closed.is_set()
     assert "[DONE]" not in data_lines(socket)
+
+
+class Connection:
+    """An ASGI `receive` whose client leaves when `leave` is set; counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.leave = asyncio.Event()
+
+    async def receive(self) -> Message:
+        self.calls += 1
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+
+async def test_one_watcher_watches_for_the_first_event_and_the_stream() -> None:
+    connection = Connection()
+    source = Finite(count=3, every=0.01)
+    response = await open_event_stream(connection.receive, source.events(), stall_limit=5.0)
+    socket = Socket(room=10_000)
+    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+    assert len(data_lines(socket)) == 4  # three events and [DONE]
+    # One pending `receive` for the whole exchange: the first wait's watcher went on to
+    # watch the stream, instead of a second one being started.
+    assert connection.calls == 1
+
+
+async def test_a_client_gone_between_the_first_event_and_the_stream_ends_it() -> None:
+    connection = Connection()
+    source = Finite(count=1000, every=0.01)
+    response = await open_event_stream(connection.receive, source.events(), stall_limit=5.0)
+    connection.leave.set()
+    await asyncio.sleep(0.05)  # the watcher sees the client gone before the stream begins
+    socket = Socket(room=10_000)
+    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+    assert source.closed.is_set(), "the event source (the engine request) was closed"
+    assert "[DONE]" not in data_lines(socket)
+    assert connection.calls == 1
