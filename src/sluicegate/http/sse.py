@@ -35,7 +35,6 @@ from sluicegate.errors import DeadlineExceededError, GatewayError
 from sluicegate.http.disconnect import (
     ClientDisconnected,
     until_disconnect,
-    wait_for_disconnect,
     watch_disconnect,
 )
 from sluicegate.http.errors import send_error_event
@@ -329,9 +328,12 @@ async def _open_kept_alive(
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[bytes] = asyncio.ensure_future(anext(events))
     limit = keepalive.after if wait is None else min(keepalive.after, wait - loop.time())
+    # One watcher for the exchange, as in `open_event_stream`.
+    watcher = watch_disconnect(receive)
     try:
-        done = await _settled(receive, pending, limit)
+        done = await _settled(watcher, pending, limit)
     except BaseException:
+        watcher.cancel()
         await events.aclose()
         raise
     if not done and (wait is None or loop.time() < wait):
@@ -344,6 +346,7 @@ async def _open_kept_alive(
             pending=pending,
             keepalive=keepalive,
             first_by=wait,
+            watcher=watcher,
         )
     try:
         if not done:
@@ -352,6 +355,7 @@ async def _open_kept_alive(
     except StopAsyncIteration:
         first = b""
     except BaseException:
+        watcher.cancel()
         await events.aclose()
         raise
     return EventStreamResponse(
@@ -361,23 +365,24 @@ async def _open_kept_alive(
         deadline=deadline,
         stall_timeout=stall_limit,
         ending=ending,
+        watcher=watcher,
     )
 
 
-async def _settled(receive: Receive, pending: asyncio.Future[bytes], seconds: float) -> bool:
-    """Whether `pending` is done within `seconds`. If the client leaves first, it is cancelled
-    (and awaited) and `ClientDisconnected` raised; past `seconds`, it goes on."""
-    watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+async def _settled(
+    watcher: asyncio.Future[None], pending: asyncio.Future[bytes], seconds: float
+) -> bool:
+    """Whether `pending` is done within `seconds`. If the client leaves first (`watcher` is
+    done), it is cancelled (and awaited) and `ClientDisconnected` raised; past `seconds`, it
+    goes on."""
     try:
         await asyncio.wait(
             (pending, watcher), timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:
-        watcher.cancel()
         pending.cancel()
         await asyncio.wait({pending})
         raise
-    watcher.cancel()
     if pending.done():
         return True
     if watcher.done() and not watcher.cancelled():

@@ -10,7 +10,12 @@ from collections.abc import AsyncGenerator
 
 from starlette.types import Message
 
-from sluicegate.http.sse import CLOSING_SEND_TIMEOUT, EventStreamResponse, open_event_stream
+from sluicegate.http.sse import (
+    CLOSING_SEND_TIMEOUT,
+    EventStreamResponse,
+    Keepalive,
+    open_event_stream,
+)
 
 STALL = 0.3
 
@@ -205,3 +210,21 @@ async def test_a_client_gone_between_the_first_event_and_the_stream_ends_it() ->
     assert source.closed.is_set(), "the event source (the engine request) was closed"
     assert "[DONE]" not in data_lines(socket)
     assert connection.calls == 1
+
+
+async def test_one_watcher_with_a_keepalive_whether_the_first_event_is_late_or_not() -> None:
+    # Late: the first event 0.3 s after a keep-alive of 0.05 s. On time: 1 ms after one of
+    # 5 s (room for a loaded machine, which only makes the test take longer).
+    for every, after, pinged in ((0.3, 0.05, True), (0.001, 5.0, False)):
+        keepalive = Keepalive(lambda: b"event: open\n\n", b": ping\n\n", after, every=0.05)
+        connection = Connection()
+        source = Finite(count=2, every=every)
+        response = await open_event_stream(
+            connection.receive, source.events(), stall_limit=5.0, keepalive=keepalive
+        )
+        socket = Socket(room=10_000)
+        await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+        body = b"".join(m.get("body", b"") for m in socket.sent)
+        assert (b": ping" in body) is pinged
+        assert len(data_lines(socket)) == 3  # two events and [DONE]
+        assert connection.calls == 1

@@ -205,8 +205,7 @@ class StreamReader:
         finishing chunk held with its event until the usage has come, as `feed` holds it."""
         passed: list[str] = []
         tokens = 0
-        plain = 0
-        """Plain chunks with text, counted once for the read."""
+        plain = 0  # plain chunks with text, counted once for the read
         for line in lines:
             if not line.startswith("data:") or self.done:
                 continue
