@@ -12,7 +12,8 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from sluicegate.counters import Board, LocalTally, Tally
 
@@ -39,9 +40,8 @@ class Worker:
     """This worker's client of each engine core the supervisor launched."""
     boards: dict[str, Board] = field(default_factory=dict)
     """Each engine's load, shared by the workers (`engine.vllm_load.LoadMeter`)."""
-    serving: Any = None
-    """The write end of a pipe to the supervisor, told once this worker listens
-    (`multiprocessing.connection.Connection`)."""
+    serving: Connection | None = None
+    """The write end of a pipe to the supervisor, told once this worker listens."""
 
     _on_core_death: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
