@@ -120,7 +120,9 @@ async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
     use: a request is refused while another runs, and admitted when the engine is idle."""
     before = metric_value(kv_bounded.url, "sluicegate_admission_refused_total",
                           reason="kv_cache")  # fmt: skip
-    long = {**body(0), "max_tokens": 60}
+    # Long enough to be still running when the refused request comes, on a loaded machine:
+    # 155 tokens left after the five seen.
+    long = {**body(0), "max_tokens": 160}
     async with httpx.AsyncClient(base_url=kv_bounded.url, timeout=120) as client:
         assert (await ask(client, 1))[0] == 200  # idle: nothing in use
         async with client.stream("POST", "/v1/chat/completions", json=long) as running:

@@ -79,6 +79,9 @@ def _gateway(where: Where, urls: list[str], **settings: str) -> GatewayProcess:
         **shared,
         "SLUICEGATE_CACHE_POLICY": "off",
         "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "0.5",
+        # Each probe may take 0.5 s: six late in a row (3 s of a loaded machine's stall), not
+        # three, take an upstream out from under a test that is not about its health.
+        "SLUICEGATE_UPSTREAM_HEALTH_FAILURES": "6",
         **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
     }
     return start_gateway(where.log_dir, env=env)
