@@ -160,6 +160,7 @@ def create_app(
                     admin_keys=settings.admin_api_keys is not None,
                 ),
                 allow_runtime_lora=settings.allow_runtime_lora,
+                lora_roots=settings.lora_root_folders,
                 keys=keys,
                 static_keys=settings.keyring(),
                 ledger=ledger,

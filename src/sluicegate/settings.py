@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluicegate.cache.key import CachePolicy
-from sluicegate.engine.lora import VLLM_LORA_RANKS, parse_lora_modules
+from sluicegate.engine.lora import VLLM_LORA_RANKS, parse_lora_modules, parse_lora_roots
 from sluicegate.engine.model import DEFAULT_MODEL_NAME
 from sluicegate.keys import ApiKeyring
 from sluicegate.models.config import ModelPrice
@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         default=False,
         description="Answer `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (admin "
         "keys only when API keys are set). True: LoRA on, even with no adapter at start-up.",
+    )
+    lora_roots: str = Field(
+        default="",
+        description="The folders adapters may be loaded from at run time, absolute, separated "
+        "by commas: a `lora_path` whose real path (symlinks resolved) is outside all of them is "
+        "a 400. Needed by ALLOW_RUNTIME_LORA; LORA_MODULES, the operator's own, may be anywhere.",
     )
     max_loras: int = Field(
         default=1, ge=1, description="LoRA adapters one engine batch may hold at once."
@@ -832,6 +838,12 @@ class Settings(BaseSettings):
         parse_lora_modules(value)  # raises AdapterError (a ValueError)
         return value
 
+    @field_validator("lora_roots")
+    @classmethod
+    def _lora_roots(cls, value: str) -> str:
+        parse_lora_roots(value)  # raises AdapterError (a ValueError)
+        return value
+
     @field_validator("max_lora_rank")
     @classmethod
     def _lora_rank(cls, value: int) -> int:
@@ -903,6 +915,11 @@ class Settings(BaseSettings):
             )
         if self.workers > 1:
             self._check_workers()
+        if self.allow_runtime_lora and not self.lora_root_folders:
+            raise ValueError(
+                "allow_runtime_lora needs SLUICEGATE_LORA_ROOTS: the folders adapters may be "
+                "loaded from at run time"
+            )
         if self.managed_keys:
             self._check_managed_keys()
         if self.budget_min_completion_tokens >= self.max_model_len:
@@ -971,6 +988,10 @@ class Settings(BaseSettings):
             return f"{DEFAULT_MODEL_NAME}-embed"
         name = Path(self.embedding_model.rstrip("/")).name or self.embedding_model
         return f"{name}-embed"
+
+    @property
+    def lora_root_folders(self) -> tuple[str, ...]:
+        return parse_lora_roots(self.lora_roots)
 
     @property
     def lora_enabled(self) -> bool:

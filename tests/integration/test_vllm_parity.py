@@ -5,12 +5,14 @@ engine in one gateway.
 Adapters made here with peft on the bundled model (nothing from a hub). vLLM's server runs with
 `--enable-lora --lora-modules`; the gateway runs the real engine with `LORA_MODULES`, runtime
 loading, API and admin keys, and a models file that also fronts a pool: vLLM's server and a
-fault upstream serving the same base model, of which only vLLM's lists the adapter.
+fault upstream serving the same base model, of which only vLLM's lists the adapter. Runtime
+loads come from the adapters' folder (`LORA_ROOTS`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +92,7 @@ models:
         "SLUICEGATE_MODELS_FILE": str(models),
         "SLUICEGATE_LORA_MODULES": f"ad1={adapters['ad1']}",
         "SLUICEGATE_ALLOW_RUNTIME_LORA": "true",
+        "SLUICEGATE_LORA_ROOTS": str(adapters["ad2"].parent),
         "SLUICEGATE_MAX_LORA_RANK": "8",
         "SLUICEGATE_MAX_LORAS": "2",
         "SLUICEGATE_API_KEYS": USER,
@@ -225,7 +228,8 @@ def test_adapters_load_and_unload_at_run_time_for_admin_keys_only(
 @pytest.mark.parametrize(
     ("name", "path_of", "says"),
     [
-        ("bad", lambda a: "/nowhere/adapter", "no adapter folder at /nowhere/adapter"),
+        ("bad", lambda a: f"{a['ad2'].parent}/nowhere", "no adapter folder at /"),
+        ("far", lambda a: "/nowhere/adapter", "outside the folders adapters may be loaded"),
         ("wide", lambda a: str(a["rank16"]), "rank 16 is over the engine's max_lora_rank 8"),
         (
             "foreign",
@@ -243,6 +247,28 @@ def test_an_adapter_that_cannot_be_loaded_is_a_400_saying_which(
     assert response.status_code == 400, response.text
     assert says in response.json()["error"]["message"]
     assert ask(gateway.url, MODEL_NAME, chat=True, stream=False)  # the engine still serves
+
+
+def test_an_adapter_evicted_after_its_folder_went_comes_back_from_its_snapshot(
+    gateway: GatewayProcess, adapters: dict[str, Path]
+) -> None:
+    """vLLM keeps MAX_LORAS (2) adapters in memory and reads one it evicted again from the path
+    it was given, inside a model step: had that been the folder, removed since, the engine
+    would die. It is the gateway's snapshot, and the adapter answers as it did."""
+    copies = {name: adapters["ad2"].parent / name for name in ("gone-a", "kept-b")}
+    for copy in copies.values():
+        shutil.copytree(adapters["ad2"], copy)
+        load = {"lora_name": copy.name, "lora_path": str(copy)}
+        assert post(gateway.url, "/v1/load_lora_adapter", load, key=ADMIN).status_code == 200
+    before = ask(gateway.url, "gone-a", chat=True, stream=False)
+    shutil.rmtree(copies["gone-a"])
+    for other in ("kept-b", "ad1", "kept-b", "ad1"):  # the two most recent: gone-a evicted
+        ask(gateway.url, other, chat=True, stream=False)
+    assert ask(gateway.url, "gone-a", chat=True, stream=False) == before
+    assert ask(gateway.url, MODEL_NAME, chat=True, stream=False)  # the engine lives
+    for name in copies:
+        unload = {"lora_name": name}
+        assert post(gateway.url, "/v1/unload_lora_adapter", unload, key=ADMIN).status_code == 200
 
 
 def test_unloading_an_adapter_in_use_lets_its_stream_finish(

@@ -139,6 +139,19 @@ def test_token_budget_defaults_and_refused_values(monkeypatch: pytest.MonkeyPatc
     )
 
 
+def test_runtime_adapters_need_the_folders_they_may_come_from() -> None:
+    with pytest.raises(ValidationError) as no_roots:
+        Settings(allow_runtime_lora=True)
+    assert "SLUICEGATE_LORA_ROOTS" in describe_error(no_roots.value)
+    with pytest.raises(ValidationError) as relative:
+        Settings(allow_runtime_lora=True, lora_roots="/adapters,adapters")
+    assert "'adapters' is not an absolute path" in describe_error(relative.value)
+    roots = Settings(allow_runtime_lora=True, lora_roots="/adapters, /mnt/adapters")
+    assert roots.lora_root_folders == ("/adapters", "/mnt/adapters")
+    # The operator's own adapters need none.
+    assert Settings(lora_modules="a=/anywhere/a").lora_root_folders == ()
+
+
 def test_several_workers_need_redis_and_no_runtime_adapters() -> None:
     with pytest.raises(ValidationError) as no_redis:
         Settings(workers=2)
@@ -147,4 +160,4 @@ def test_several_workers_need_redis_and_no_runtime_adapters() -> None:
         Settings(workers=2, redis_url="redis://localhost:6379/0", allow_runtime_lora=True)
     assert "LORA_MODULES" in describe_error(runtime_lora.value)
     assert Settings(workers=2, redis_url="redis://localhost:6379/0").workers == 2
-    assert Settings(allow_runtime_lora=True).workers == 1
+    assert Settings(allow_runtime_lora=True, lora_roots="/adapters").workers == 1

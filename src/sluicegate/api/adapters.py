@@ -2,8 +2,9 @@
 in-process engine loaded and unloaded at run time, with vLLM's bodies and answers.
 
 Answered only with `SLUICEGATE_ALLOW_RUNTIME_LORA` (404 otherwise, as vLLM's server has no
-such routes then), and with keys set, only for admin keys (`AdminDep`). A loaded adapter is a
-model of the registry at once; an unloaded one is gone at once, while the requests running on
+such routes then), and with keys set, only for admin keys (`AdminDep`). An adapter is loaded
+only from inside `SLUICEGATE_LORA_ROOTS` (symlinks resolved). A loaded adapter is a model of
+the registry at once; an unloaded one is gone at once, while the requests running on
 it finish (`engine.vllm_adapters`).
 """
 
@@ -23,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["adapters"], dependencies=[AdminDep])
 @router.post("/load_lora_adapter", response_class=PlainTextResponse)
 async def load_lora_adapter(body: LoadAdapterRequest, state: StateDep) -> str:
     _check_allowed(state)
-    await state.models.load_adapter(body.lora_name, body.lora_path)
+    await state.models.load_adapter(body.lora_name, body.lora_path, state.lora_roots)
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
 

@@ -11,23 +11,32 @@ what fails comes back as one string. So an adapter is read here first (`read_ada
 `adapter_config.json`, its rank against `MAX_LORA_RANK`, the base model it names, and the shapes
 of its weights (from the safetensors header, not the weights) against the base model's sizes.
 Each refusal says which.
+
+An adapter's name is a model name (in `/v1/models`, logs, metric labels): printable, no spaces,
+not starting with `/`, at most `MAX_NAME_LENGTH` characters (`check_adapter_name`). Adapters
+loaded at run time are read only from the folders of `SLUICEGATE_LORA_ROOTS`, their real paths
+(symlinks resolved) compared (`within_roots`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's `max_lora_rank` takes."""
-_ADAPTER_CONFIG = "adapter_config.json"
-_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+"""The weights files vLLM reads, in the order it looks for them (it reads the first found)."""
+MAX_NAME_LENGTH = 256
+"""An adapter's name is at most this long (as a model name of the models file)."""
 _HEADER_LIMIT = 64 << 20
 """A safetensors header larger than this is no adapter's."""
 _LORA_A = re.compile(r"\.lora_A(?:\.[^.]+)?\.weight$")
@@ -68,9 +77,50 @@ def parse_lora_modules(value: str) -> list[LoraModule]:
             modules.append(LoraModule(name.strip(), path.strip()))
     names = [m.name for m in modules]
     for name in names:
+        try:
+            check_adapter_name(name)
+        except AdapterError as exc:
+            raise AdapterError(f"LORA_MODULES entry {name[:64]!r}: {exc}") from None
         if names.count(name) > 1:
             raise AdapterError(f"LORA_MODULES names the adapter {name!r} twice")
     return modules
+
+
+def check_adapter_name(name: str) -> str:
+    """`name` if it may name an adapter: 1 to `MAX_NAME_LENGTH` printable characters, no
+    spaces, not starting with `/`. Raises `AdapterError` saying so."""
+    if not 0 < len(name) <= MAX_NAME_LENGTH:
+        raise AdapterError(f"an adapter's name is 1 to {MAX_NAME_LENGTH} characters long")
+    if not name.isprintable() or any(c.isspace() for c in name) or name.startswith("/"):
+        raise AdapterError(
+            "an adapter's name is printable characters only (no control characters), with no "
+            "spaces, not starting with '/'"
+        )
+    return name
+
+
+def parse_lora_roots(value: str) -> tuple[str, ...]:
+    """`SLUICEGATE_LORA_ROOTS`: absolute folders, separated by commas."""
+    roots = tuple(root.strip() for root in value.split(",") if root.strip())
+    for root in roots:
+        if not os.path.isabs(root):
+            raise AdapterError(f"LORA_ROOTS entry {root!r} is not an absolute path")
+    return roots
+
+
+def within_roots(path: str | Path, roots: Sequence[str], shown: str) -> Path:
+    """The real path of `path` (every symlink resolved), when it lies inside one of `roots`
+    (their own real paths); `AdapterError` naming `shown`, not where it leads, otherwise.
+    Blocking (it reads links): run it in a thread."""
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if os.path.commonpath([real, top]) == top:
+            return Path(real)
+    raise AdapterError(
+        f"lora_path {shown} is outside the folders adapters may be loaded from "
+        "(SLUICEGATE_LORA_ROOTS)"
+    )
 
 
 def _module(item: object) -> LoraModule:
@@ -126,20 +176,24 @@ class AdapterInfo:
     replaced in place has another (for cache keys)."""
 
 
-def read_adapter(path: str, max_rank: int, base: BaseModel) -> AdapterInfo:
-    """Check the adapter folder at `path` for the engine's `base` model (blocking file reads:
-    run it in a thread). Raises `AdapterError` saying what is wrong."""
-    folder = Path(path).expanduser()
+def read_adapter(
+    folder_path: str, max_rank: int, base: BaseModel, shown: str | None = None
+) -> AdapterInfo:
+    """Check the adapter folder at `folder_path` for the engine's `base` model (blocking file
+    reads: run it in a thread). Raises `AdapterError` saying what is wrong, naming the folder
+    `shown` (the path given, where this is a snapshot of it)."""
+    path = shown or folder_path
+    folder = Path(folder_path).expanduser()
     if not folder.is_absolute():
         raise AdapterError(f"lora_path {path!r} is not an absolute path")
     if not folder.is_dir():
         raise AdapterError(f"no adapter folder at {path}")
     try:
-        config = json.loads((folder / _ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise AdapterError(f"{path} holds no {_ADAPTER_CONFIG}: not a PEFT adapter") from None
+        raise AdapterError(f"{path} holds no {ADAPTER_CONFIG}: not a PEFT adapter") from None
     except (OSError, ValueError) as exc:
-        raise AdapterError(f"{path}/{_ADAPTER_CONFIG} cannot be read: {exc}") from None
+        raise AdapterError(f"{path}/{ADAPTER_CONFIG} cannot be read: {exc}") from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path} is not a LoRA adapter (peft_type {config.get('peft_type')!r})")
     ranks = [config.get("r"), *dict(config.get("rank_pattern") or {}).values()]
@@ -159,9 +213,9 @@ def read_adapter(path: str, max_rank: int, base: BaseModel) -> AdapterInfo:
                 f"the adapter was made for the base model {named!r}, not for this engine's "
                 f"({', '.join(sorted(base.names))})"
             )
-    weights = next((folder / w for w in _WEIGHTS if (folder / w).is_file()), None)
+    weights = next((folder / w for w in ADAPTER_WEIGHTS if (folder / w).is_file()), None)
     if weights is None:
-        raise AdapterError(f"{path} holds no adapter weights ({', '.join(_WEIGHTS)})")
+        raise AdapterError(f"{path} holds no adapter weights ({', '.join(ADAPTER_WEIGHTS)})")
     if weights.suffix == ".safetensors":
         _check_shapes(weights, base)
     stat = weights.stat()

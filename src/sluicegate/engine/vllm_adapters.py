@@ -1,10 +1,13 @@
 """The LoRA adapters loaded into the in-process vLLM engine, by name.
 
-An adapter is checked (`lora.read_adapter`) before vLLM is asked to load it, and loaded before
-any request names it: vLLM would otherwise load it lazily inside a model step, where a failure
-kills the engine. Unloading takes the name away at once; vLLM drops the weights once the
-requests running on it have finished (vLLM itself would reload an adapter removed under a
-running request from its path at the next step).
+An adapter is copied into a snapshot the gateway owns (`lora_snapshots`), checked there
+(`lora.read_adapter`), and vLLM is given the snapshot, before any request names it: vLLM would
+otherwise load it lazily inside a model step, where a failure kills the engine, and it reads
+an adapter it has evicted from memory again from its path, inside a model step too (the
+snapshot is still what was checked, whatever became of the folder it came from). Unloading
+takes the name away at once; vLLM drops the weights once the requests running on it have
+finished (vLLM itself would reload an adapter removed under a running request from its path at
+the next step), and then its snapshot goes.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import contextlib
 import itertools
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluicegate.engine.lora import AdapterError, BaseModel, read_adapter
+from sluicegate.engine.lora import AdapterError, AdapterInfo, BaseModel, read_adapter
+from sluicegate.engine.lora_snapshots import Snapshots
 from sluicegate.errors import InvalidRequestError, ModelNotFoundError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -32,6 +36,7 @@ class _Loaded:
     request: Any
     """vLLM's `LoRARequest`."""
     path: str
+    """The folder it was loaded from (vLLM reads `request.lora_path`, its snapshot)."""
     fingerprint: str
     running: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -40,10 +45,13 @@ class _Loaded:
 class LoadedAdapters:
     """Name -> vLLM `LoRARequest` for an `AsyncLLM` built with LoRA on."""
 
-    def __init__(self, llm: Any, max_rank: int, base: BaseModel) -> None:
+    def __init__(
+        self, llm: Any, max_rank: int, base: BaseModel, snapshots: Snapshots | None = None
+    ) -> None:
         self._llm = llm
         self._max_rank = max_rank
         self._base = base
+        self._snapshots = snapshots or Snapshots()
         self._loaded: dict[str, _Loaded] = {}
         # vLLM wants ids unique for an adapter's life: one is never given twice.
         self._ids = itertools.count(1)
@@ -58,9 +66,10 @@ class LoadedAdapters:
         loaded = self._loaded[name]
         return f"{loaded.path}@{loaded.fingerprint}"
 
-    async def load(self, name: str, path: str) -> None:
-        """Check and load the adapter at `path` as `name`; `InvalidRequestError` (400) says why
-        it cannot be."""
+    async def load(self, name: str, path: str, roots: Sequence[str] | None = None) -> None:
+        """Snapshot, check and load the adapter at `path` as `name`; `InvalidRequestError`
+        (400) says why it cannot be. `roots`: the folders `path` must be inside, symlinks
+        resolved (None: anywhere, for the operator's own `LORA_MODULES`)."""
         from vllm.lora.request import LoRARequest
 
         async with self._lock:  # one name, one load: two at once would both pass the check
@@ -68,19 +77,32 @@ class LoadedAdapters:
                 raise InvalidRequestError(
                     f"The adapter {name!r} is already loaded.", param="lora_name"
                 )
+            lora_id = next(self._ids)
             try:
-                info = await asyncio.to_thread(read_adapter, path, self._max_rank, self._base)
+                snapshot, info = await asyncio.to_thread(self._prepare, path, lora_id, roots)
             except AdapterError as exc:
                 raise InvalidRequestError(str(exc), param="lora_path") from None
-            request = LoRARequest(lora_name=name, lora_int_id=next(self._ids), lora_path=path)
+            request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=snapshot)
             try:
                 await self._llm.add_lora(request)
             except Exception as exc:
+                await asyncio.to_thread(self._snapshots.drop, snapshot)
                 raise InvalidRequestError(
                     f"vLLM refused the adapter: {_engine_message(exc)}", param="lora_path"
                 ) from None
             self._loaded[name] = _Loaded(request, path, info.fingerprint)
         logger.info("LoRA adapter %s loaded from %s", name, path)
+
+    def _prepare(
+        self, path: str, lora_id: int, roots: Sequence[str] | None
+    ) -> tuple[str, AdapterInfo]:
+        """The adapter's snapshot, and what it is: the snapshot is what is checked."""
+        snapshot = self._snapshots.take(path, str(lora_id), roots)
+        try:
+            return snapshot, read_adapter(snapshot, self._max_rank, self._base, shown=path)
+        except BaseException:
+            self._snapshots.drop(snapshot)
+            raise
 
     def unload(self, name: str) -> None:
         """Take `name` away now (it may be loaded again at once); its weights go once the
@@ -99,8 +121,10 @@ class LoadedAdapters:
             await self._llm.remove_lora(loaded.request.lora_int_id)
         except Exception as exc:  # the engine is gone, or stopping: nothing left to free
             logger.warning("LoRA adapter %s not removed from the engine: %s", name, exc)
-            return
-        logger.info("LoRA adapter %s unloaded", name)
+        else:
+            logger.info("LoRA adapter %s unloaded", name)
+        # No request names its id any more: vLLM will not read the snapshot again.
+        await asyncio.to_thread(self._snapshots.drop, loaded.request.lora_path)
 
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[Any]:
@@ -119,9 +143,11 @@ class LoadedAdapters:
                 loaded.idle.set()
 
     async def close(self) -> None:
+        """Once the engine has stopped: no more unloading, and the snapshots go."""
         for task in list(self._retiring):
             task.cancel()
         await asyncio.gather(*self._retiring, return_exceptions=True)
+        await asyncio.to_thread(self._snapshots.close)
 
 
 def _engine_message(exc: BaseException) -> str:

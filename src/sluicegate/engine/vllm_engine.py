@@ -403,10 +403,11 @@ class VLLMEngine:
             raise EngineUnavailableError() from exc
 
     async def shutdown(self) -> None:
-        if self.adapters is not None:
-            await self.adapters.close()
         self._tokenizer.close()
         self._llm.shutdown()
+        # After the engine: it may read an adapter's snapshot until it stops.
+        if self.adapters is not None:
+            await self.adapters.close()
 
 
 def _base_model(config: EngineConfig, hf_config: Any) -> BaseModel:

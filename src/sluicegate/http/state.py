@@ -69,6 +69,8 @@ class AppState:
     """Where large request bodies are parsed (`api.route`)."""
     access: Access = Access()
     allow_runtime_lora: bool = False
+    lora_roots: tuple[str, ...] = ()
+    """The folders adapters may be loaded from at run time (`LORA_ROOTS`)."""
     keys: KeyStore | None = None
     """Managed keys (`MANAGED_KEYS`): None without them."""
     static_keys: ApiKeyring = field(default_factory=lambda: ApiKeyring(()))

@@ -4,7 +4,8 @@ its own in `/v1/models`.
 
 A key may use a model when its list holds the name asked for or the model that name resolves
 to (an alias of a listed model works; so does a listed alias). A model's fallbacks answer for
-it whatever the list says: they are the operator's choice, not the caller's.
+it only when the key may use them too: those it may not are passed over, as if they were not
+there (a key limited to a cheap model is never answered by a dear one).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class PermittedModels:
         return self._registry.resolve_any(name)
 
     def chain(self, name: str) -> list[ServedModel]:
+        """The model `name`, then those of its fallbacks the key may use."""
         self._check(name)
-        return self._registry.chain(name)
+        first, *fallbacks = self._registry.chain(name)
+        return [first, *(model for model in fallbacks if self.may_use(model.name))]
 
     @property
     def default(self) -> ServedModel | ServedEmbedder:

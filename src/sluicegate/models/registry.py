@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from sluicegate.engine.lora import AdapterError, check_adapter_name
 from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
 from sluicegate.engine.vllm_adapters import LoadedAdapters
 from sluicegate.errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFoundError
@@ -175,15 +176,18 @@ class ModelRegistry:
 
     # ---- adapters of the in-process engine ---------------------------------------------------
 
-    async def load_adapter(self, name: str, path: str) -> ServedModel:
-        """Load a LoRA adapter into the in-process engine as the model `name`."""
+    async def load_adapter(
+        self, name: str, path: str, roots: Sequence[str] | None = None
+    ) -> ServedModel:
+        """Load a LoRA adapter into the in-process engine as the model `name`, from inside
+        `roots` (None: from anywhere, for the operator's `LORA_MODULES`)."""
         local = self._local_adapters()
         if name in self._models or name in self._aliases or name in self._embedders:
             raise InvalidRequestError(
                 f"The name {name!r} is already served (a model, alias or adapter).",
                 param="lora_name",
             )
-        await local.adapters.load(name, path)
+        await local.adapters.load(name, path, roots)
         served = self._adapter_model(local, name, path)
         self._models[name] = served
         return served
@@ -219,8 +223,9 @@ class ModelRegistry:
         return self._adapter_of(base, name, identity, root=path)
 
     def _adapter_of(self, base: ServedModel, name: str, identity: str, root: str) -> ServedModel:
-        """The adapter `name` of `base`: its engine, window and limits' size, a service and a
-        card of its own, no fallbacks."""
+        """The adapter `name` of `base`: its engine, window and limits (the very same: its
+        requests count against its base model's `rate_limit`, as an alias's do), a service and
+        a card of its own, no fallbacks."""
         return replace(
             base,
             name=name,
@@ -229,7 +234,6 @@ class ModelRegistry:
             parent=base.name,
             created=int(time.time()),
             fallbacks=(),
-            quota=None if base.quota is None else replace(base.quota, name=name),
         )
 
     # ---- adapters listed by pools ------------------------------------------------------------
@@ -253,13 +257,22 @@ class ModelRegistry:
         for pool, listed in self._pools:
             for name in listed():
                 taken = name in self._models or name in self._aliases or name in current
-                if taken or name in self._embedders:
+                if taken or name in self._embedders or not _adapter_name(name):
                     continue
                 known = self._pool_adapters.get(name)
                 if known is None or known.parent != pool.name:
                     known = self._adapter_of(pool, name, f"upstream:{name}", root=name)
                 current[name] = known
         self._pool_adapters = current
+
+
+def _adapter_name(name: str) -> bool:
+    """Whether an upstream's adapter may be a name here (as one loaded here must be)."""
+    try:
+        check_adapter_name(name)
+    except AdapterError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

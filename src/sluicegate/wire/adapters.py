@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from sluicegate.engine.lora import check_adapter_name
 from sluicegate.wire.requests import RequestModel
 
-AdapterName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\s/][^\s]*$")]
+AdapterName = Annotated[str, AfterValidator(check_adapter_name)]
+"""A model name: printable, no spaces, not starting with `/`, at most 256 characters."""
+
+
+def _printable(path: str) -> str:
+    if not path.isprintable():
+        raise ValueError("a path is printable characters only (no control characters)")
+    return path
+
+
+AdapterPath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_printable)]
 
 
 class LoadAdapterRequest(RequestModel):
     lora_name: AdapterName
-    lora_path: Annotated[str, Field(min_length=1, max_length=4096)]
+    lora_path: AdapterPath
 
 
 class UnloadAdapterRequest(RequestModel):

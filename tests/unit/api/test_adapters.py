@@ -5,6 +5,7 @@ and what a loaded adapter is to the rest of the gateway."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from sluicegate.engine.lora import BaseModel
 from sluicegate.engine.vllm_adapters import LoadedAdapters
-from tests.support.fakes import FAKE_MODEL, FakeEngine, FakeLoraLLM, fake_app
+from tests.support.fakes import FAKE_MODEL, FakeEngine, FakeLoraLLM, fake_app, models_file
 
 ADMIN = "sk-admin-0123456789"
 USER = "sk-user-0123456789"
@@ -30,6 +31,10 @@ class LoraEngine(FakeEngine):
         default_factory=lambda: LoadedAdapters(FakeLoraLLM(), 16, BaseModel.of(set(), {}))
     )
 
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        await self.adapters.close()  # as the real engine's: the snapshots go
+
 
 def adapter(tmp_path: Path, name: str = "ad1", rank: int = 8) -> str:
     folder = tmp_path / name
@@ -40,6 +45,8 @@ def adapter(tmp_path: Path, name: str = "ad1", rank: int = 8) -> str:
 
 
 def client_for(engine: FakeEngine | None = None, **settings: object) -> TestClient:
+    """Runtime loading on, from the temporary folder (the tests' `tmp_path`) unless said."""
+    settings.setdefault("lora_roots", tempfile.gettempdir())
     return TestClient(fake_app(engine or LoraEngine(), allow_runtime_lora=True, **settings))
 
 
@@ -90,7 +97,7 @@ def test_a_loaded_adapter_is_a_model_until_it_is_unloaded(
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"lora_name": "ad2", "lora_path": "/nowhere/at/all"}, "no adapter folder at"),
+        ({"lora_name": "ad2", "lora_path": "NOWHERE"}, "no adapter folder at"),
         ({"lora_name": FAKE_MODEL, "lora_path": "PATH"}, "is already served"),
         ({"lora_name": "ad2", "lora_path": "RANK64"}, "rank 64 is over the engine's max_lora_rank"),
         ({"lora_name": "ad2"}, "lora_path"),
@@ -101,6 +108,7 @@ def test_an_adapter_that_cannot_be_loaded_is_a_400_saying_why(
     open_client: TestClient, tmp_path: Path, body: dict[str, str], says: str
 ) -> None:
     paths = {"PATH": adapter(tmp_path), "RANK64": adapter(tmp_path, "big", rank=64)}
+    paths["NOWHERE"] = str(tmp_path / "nowhere")
     body = {k: paths.get(v, v) for k, v in body.items()}
     response = open_client.post(LOAD, json=body)
     assert response.status_code == 400, response.text
@@ -163,3 +171,57 @@ def test_the_admin_check_comes_before_the_body_is_read(tmp_path: Path) -> None:
     with client_for(api_keys=USER, admin_api_keys=ADMIN) as client:
         response = client.post(LOAD, content=b"{not json", headers=bearer(USER))
         assert response.status_code == 403
+
+
+def test_a_path_outside_the_roots_is_a_400_even_through_a_symlink(tmp_path: Path) -> None:
+    roots, outside = tmp_path / "roots", Path(adapter(tmp_path, "outside"))
+    roots.mkdir()
+    (roots / "link").symlink_to(outside)
+    inside = adapter(roots, "inside")
+    with client_for(lora_roots=f"{tmp_path / 'other'}, {roots}") as client:
+        for path in (str(outside), str(roots / "link"), f"{roots}/../outside"):
+            response = client.post(LOAD, json={"lora_name": "ad1", "lora_path": path})
+            assert response.status_code == 400, path
+            error = response.json()["error"]
+            assert error["param"] == "lora_path" and "SLUICEGATE_LORA_ROOTS" in error["message"]
+        loaded = client.post(LOAD, json={"lora_name": "ad1", "lora_path": inside})
+        assert loaded.status_code == 200, loaded.text
+        assert client.post(CHAT, json=chat("ad1")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "name", ["ad\x01", "ad\x7f", "\x1b[31mred", "ad\u202e", "ad\u200b", "tab\tbed", "a" * 257]
+)
+def test_an_adapter_name_with_control_characters_or_too_long_is_a_clear_400(
+    open_client: TestClient, tmp_path: Path, name: str
+) -> None:
+    response = open_client.post(LOAD, json={"lora_name": name, "lora_path": adapter(tmp_path)})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "lora_name"
+    assert "control characters" in error["message"] or "256 characters" in error["message"]
+    assert name not in {c["id"] for c in open_client.get("/v1/models").json()["data"]}
+
+
+def test_a_path_with_control_characters_is_a_400(open_client: TestClient) -> None:
+    response = open_client.post(LOAD, json={"lora_name": "ad1", "lora_path": "/a\n/b"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "lora_path"
+
+
+def test_an_adapter_and_an_alias_share_their_models_rate_limit(tmp_path: Path) -> None:
+    """An adapter or an alias is the same model's capacity: not a fresh limit each."""
+    listed = f"""
+    models:
+      - name: {FAKE_MODEL}
+        engine: local
+        aliases: [short]
+        rate_limit: {{requests_per_minute: 1}}
+    """
+    with client_for(models_file=models_file(tmp_path, listed), cache_policy="off") as client:
+        body = {"lora_name": "ad1", "lora_path": adapter(tmp_path)}
+        assert client.post(LOAD, json=body).status_code == 200
+        assert client.post(CHAT, json=chat(FAKE_MODEL)).status_code == 200
+        for name in ("ad1", "short"):
+            refused = client.post(CHAT, json=chat(name))
+            assert refused.status_code == 429, name
+            assert f"on the model {FAKE_MODEL}" in refused.json()["error"]["message"]

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -19,8 +20,9 @@ from sluicegate.errors import (
     OverloadedError,
     RateLimitError,
 )
-from tests.support.fakes import FakeEngine, fake_app, models_file
+from tests.support.fakes import FakeEngine, fake_app, models_file, serve_in_thread
 from tests.support.metrics import local_value
+from tests.support.replicas import auth, create_key, replica
 
 CHAT = "/v1/chat/completions"
 MODELS = """
@@ -189,3 +191,28 @@ def test_the_answering_model_labels_the_request_metrics(fleet: Fleet) -> None:
     # Nothing stays in flight for either model.
     assert local_value("sluicegate_requests_in_flight", model="primary") == 0
     assert local_value("sluicegate_requests_in_flight", model="backup") == 0
+
+
+def test_a_keys_models_list_holds_for_its_fallbacks_too(tmp_path: Path, prefix: str) -> None:
+    """A key limited to `primary` and `local` asks `primary`, which is down: `backup`, not the
+    key's, is passed over, and `local` (backup's fallback, the key's) answers."""
+    primary = FakeEngine(fail_before_output=EngineUnavailableError())
+    backup = FakeEngine(words=["from", " backup"])
+    local = FakeEngine(words=["from", " local"], max_model_len=4096)
+    pools = {"http://primary.test/v1": primary, "http://backup.test/v1": backup}
+    pools["http://limited.test/v1"] = FakeEngine()
+    models = models_file(tmp_path, MODELS)
+    app = replica(prefix, engine=local, pools=pools, models_file=models)
+    with serve_in_thread(app) as url:
+        key = create_key(url, models=["primary", "local"])["key"]
+        answer = httpx.post(f"{url}{CHAT}", json=chat("primary"), headers=auth(key), timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "local"
+        assert backup.requests == []
+        local.fail_before_output = EngineUnavailableError("local down")
+        refused = httpx.post(f"{url}{CHAT}", json=chat("primary"), headers=auth(key), timeout=10)
+        assert refused.status_code == 503 and backup.requests == []
+        # A key with backup in its list is answered by it, as before.
+        wider = create_key(url, models=["primary", "backup"])["key"]
+        answer = httpx.post(f"{url}{CHAT}", json=chat("primary"), headers=auth(wider), timeout=10)
+        assert answer.json()["model"] == "backup"

@@ -15,6 +15,7 @@ from sluicegate.engine.lora import (
     BaseModel,
     LoraModule,
     parse_lora_modules,
+    parse_lora_roots,
     read_adapter,
 )
 
@@ -85,6 +86,9 @@ def test_name_path_pairs_and_json_are_read_as_vllm_reads_them() -> None:
         ('[{"name": "a"}]', "needs a name and a path"),
         ('[{"name": "a", "path": "/x", "rank": 8}]', "unknown fields: ['rank']"),
         ("[1]", "objects with name and path"),
+        ('{"name": "bell\\u0007", "path": "/x"}', "entry 'bell\\x07'"),
+        ('{"name": "/abs", "path": "/x"}', "not starting with '/'"),
+        (f"{'n' * 257}=/x", "1 to 256 characters"),
     ],
 )
 def test_a_malformed_list_is_refused_saying_where(value: str, says: str) -> None:
@@ -145,3 +149,10 @@ def test_a_broken_weights_file_is_refused(tmp_path: Path) -> None:
     (Path(path) / "adapter_model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(AdapterError, match="is not a safetensors file"):
         read_adapter(path, 16, BASE)
+
+
+def test_roots_are_absolute_folders_separated_by_commas() -> None:
+    assert parse_lora_roots(" /adapters, /mnt/more/ ,") == ("/adapters", "/mnt/more/")
+    assert parse_lora_roots("") == ()
+    with pytest.raises(AdapterError, match="'adapters' is not an absolute path"):
+        parse_lora_roots("/ok,adapters")

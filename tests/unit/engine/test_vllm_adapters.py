@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sluicegate.engine.lora import BaseModel
+from sluicegate.engine.lora_snapshots import Snapshots
 from sluicegate.engine.vllm_adapters import LoadedAdapters
 from sluicegate.errors import InvalidRequestError, NotFoundError
 from tests.support.fakes import FakeLoraLLM
 
 
-def folder(tmp_path: Path, name: str = "ad") -> str:
+def folder(tmp_path: Path, name: str = "ad", rank: int = 8) -> str:
     path = tmp_path / name
     path.mkdir()
-    (path / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank}))
     (path / "adapter_model.bin").write_bytes(b"w")
     return str(path)
+
+
+def gone(path: Path) -> bool:
+    return not path.exists()
 
 
 def adapters(llm: FakeLoraLLM) -> LoadedAdapters:
@@ -45,13 +51,15 @@ async def test_what_vllm_refuses_is_a_400_in_its_own_words(tmp_path: Path) -> No
         "Call to add_lora method failed: Worker failed with error 'While loading x, expected "
         "target modules in [q_proj] but received [mlp]', please check the stack trace above"
     )
+    loaded = adapters(llm)
     with pytest.raises(InvalidRequestError) as caught:
-        await adapters(llm).load("a", folder(tmp_path))
+        await loaded.load("a", folder(tmp_path))
     assert caught.value.message == (
         "vLLM refused the adapter: While loading x, expected target modules in [q_proj] but "
         "received [mlp]"
     )
     assert caught.value.param == "lora_path"
+    await loaded.close()
 
 
 async def test_a_checked_refusal_never_reaches_vllm(tmp_path: Path) -> None:
@@ -94,4 +102,67 @@ async def test_two_loads_of_one_name_at_once_load_it_once(tmp_path: Path) -> Non
     )
     assert sum(isinstance(r, InvalidRequestError) for r in results) == 1
     assert len(llm.added) == 1
+    await loaded.close()
+
+
+async def test_vllm_reads_a_snapshot_that_outlives_the_folder_it_came_from(
+    tmp_path: Path,
+) -> None:
+    """vLLM reads an adapter it has evicted again from `lora_path`, inside a model step: the
+    path it is given must still hold what was checked, whatever became of the folder."""
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    path = folder(tmp_path)
+    await loaded.load("a", path)
+    given = Path(llm.added[0].lora_path)
+    assert not given.is_relative_to(path)
+    shutil.rmtree(path)
+    assert json.loads((given / "adapter_config.json").read_text()) == {"r": 8}
+    assert (given / "adapter_model.bin").read_bytes() == b"w"
+    assert loaded.identity("a").startswith(f"{path}@")  # named by its folder, not the copy
+    await loaded.close()
+    assert gone(given)
+
+
+async def test_a_snapshot_goes_once_vllm_has_dropped_its_adapter(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    await loaded.load("a", folder(tmp_path))
+    given = Path(llm.added[0].lora_path)
+    loaded.unload("a")
+    for _ in range(200):
+        if gone(given):
+            break
+        await asyncio.sleep(0.01)
+    assert llm.removed == [llm.added[0].lora_int_id] and gone(given)
+    await loaded.close()
+
+
+async def test_a_refused_adapter_leaves_no_snapshot(tmp_path: Path) -> None:
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    llm = FakeLoraLLM("Call to add_lora method failed: no")
+    loaded = LoadedAdapters(llm, 16, BaseModel.of(set(), {}), Snapshots(str(owned)))
+    with pytest.raises(InvalidRequestError, match="vLLM refused"):
+        await loaded.load("a", folder(tmp_path))
+    with pytest.raises(InvalidRequestError, match="rank 64"):
+        await loaded.load("b", folder(tmp_path, "big", rank=64))
+    assert [list(made.iterdir()) for made in owned.iterdir()] == [[]]
+    await loaded.close()
+    assert list(owned.iterdir()) == []
+
+
+async def test_loads_at_run_time_are_confined_to_the_roots(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    loaded = adapters(llm)
+    (tmp_path / "roots").mkdir()
+    inside = folder(tmp_path / "roots")
+    outside = folder(tmp_path, "outside")
+    roots = [str(tmp_path / "roots")]
+    with pytest.raises(InvalidRequestError, match="outside the folders") as caught:
+        await loaded.load("a", outside, roots)
+    assert caught.value.param == "lora_path"
+    await loaded.load("a", inside, roots)
+    await loaded.load("b", outside)  # the operator's own (LORA_MODULES): anywhere
+    assert [r.lora_name for r in llm.added] == ["a", "b"]
     await loaded.close()

@@ -26,8 +26,11 @@ def test_names_outside_the_list_are_unknown(registry: ModelRegistry) -> None:
         with pytest.raises(ModelNotFoundError) as caught:
             seen.resolve(name)
         assert caught.value.status_code == 404 and f"`{name}` does not exist" in str(caught.value)
-    # A model's fallbacks answer for it: the operator's choice.
-    assert [m.name for m in seen.chain("a")] == ["a", "b"]
+    # A model's fallbacks answer for it only where the key may use them.
+    assert [m.name for m in seen.chain("a")] == ["a"]
+    wider = PermittedModels(registry, KeyPolicy(models=frozenset({"a", "b"})))
+    assert [m.name for m in wider.chain("fast")] == ["a", "b"]
+    assert [m.name for m in PermittedModels(registry, None).chain("a")] == ["a", "b"]
     assert {card["id"] for card in seen.cards()} == {"a", "fast"}
 
 

@@ -16,6 +16,8 @@ from sluicegate.errors import InvalidRequestError, ModelNotFoundError, NotFoundE
 from sluicegate.inference.service import CompletionService
 from sluicegate.models.registry import LocalEngine, ModelRegistry
 from sluicegate.models.served import ServedModel
+from sluicegate.quota.quotas import ModelQuota
+from sluicegate.quota.window import RateLimit
 from tests.support.fakes import FakeEngine, FakeLoraLLM
 
 
@@ -123,13 +125,34 @@ def test_without_lora_adapters_cannot_be_loaded(registry: ModelRegistry) -> None
 
 def test_a_pools_adapters_are_names_while_its_upstreams_list_them() -> None:
     engine = FakeEngine()
-    listed = ["lora-a"]
+    listed = ["lora-a", "evil\x1b[2J", "x" * 300]
     pool = served("pool", engine)
     registry = ModelRegistry([pool], {}, build, pools=[(pool, lambda: listed)])
     adapter = registry.resolve("lora-a")
     assert adapter.parent == "pool" and adapter.engine is engine
     assert adapter.service.identity == "upstream:lora-a"
+    # Names no adapter may have (control characters, too long) are not served.
     assert {c["id"] for c in registry.cards()} == {"pool", "lora-a"}
     listed.clear()
     with pytest.raises(ModelNotFoundError):
         registry.resolve("lora-a")
+
+
+async def test_adapters_share_their_base_models_limits(tmp_path: Path) -> None:
+    """A pool's adapter, or the engine's, counts against its base model's `rate_limit`: the
+    same bucket, not one of its own of the same size."""
+    limit = ModelQuota("pool", RateLimit(requests_per_minute=10))
+    engine = FakeEngine()
+    pool = served("pool", FakeEngine(), quota=limit)
+    base = served("base", engine, local=True, quota=ModelQuota("base", RateLimit(5)))
+    adapters = LoadedAdapters(FakeLoraLLM(), 16, BaseModel.of(set(), {}))
+    local = LocalEngine("base", engine, adapters, "base-identity")
+    registry = ModelRegistry(
+        [pool, base], {"cheap": "pool"}, build, local, pools=[(pool, lambda: ["lora-a"])]
+    )
+    assert registry.resolve("lora-a").quota is limit
+    assert registry.resolve("cheap").quota is limit
+    loaded = await registry.load_adapter("ad1", adapter_folder(tmp_path))
+    assert loaded.quota is base.quota
+    assert loaded.quota is not None and loaded.quota.bucket == "model:base"
+    await adapters.close()
