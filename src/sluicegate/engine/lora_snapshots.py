@@ -50,7 +50,9 @@ class Snapshots:
         real = within_roots(given, roots, source) if roots is not None else given.resolve()
         if not real.is_dir():
             raise AdapterError(f"no adapter folder at {source}")
-        weights = next((w for w in ADAPTER_WEIGHTS if (real / w).is_file()), None)
+        # The first present, even as a dangling or outward link: `_copy` says what is wrong
+        # with it (testing it here would tell of files outside the roots).
+        weights = next((w for w in ADAPTER_WEIGHTS if os.path.lexists(real / w)), None)
         into = self._root() / key
         into.mkdir()
         try:

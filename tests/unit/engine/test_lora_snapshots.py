@@ -101,3 +101,22 @@ def test_a_root_reached_through_a_symlink_is_the_same_root(
     taken = snapshots.take(str(tmp_path / "alias" / "ad1"), "1", roots=[str(tmp_path / "alias")])
     assert Path(taken).is_dir()
     snapshots.close()
+
+
+def test_a_weights_link_leading_out_is_refused_whether_or_not_its_target_exists(
+    tmp_path: Path, snapshots: Snapshots
+) -> None:
+    """Nothing tells whether a file outside the roots exists."""
+    roots = tmp_path / "roots"
+    outside = adapter(tmp_path / "outside")
+    answers = []
+    for name, target in (("there", "adapter_model.safetensors"), ("not-there", "missing")):
+        folder = adapter(roots / name)
+        (folder / "adapter_model.bin").write_bytes(b"weights")
+        (folder / "adapter_model.safetensors").unlink()
+        (folder / "adapter_model.safetensors").symlink_to(outside / target)
+        with pytest.raises(AdapterError) as caught:
+            snapshots.take(str(folder), name, roots=[str(roots)])
+        answers.append(str(caught.value).replace(name, "NAME"))
+    assert answers[0] == answers[1] and "outside the folders" in answers[0]
+    snapshots.close()
