@@ -6,10 +6,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from sluicegate.engine.lora import check_adapter_name
+from sluicegate.engine.lora import MAX_NAME_LENGTH, check_adapter_name
 from sluicegate.wire.requests import RequestModel
 
-AdapterName = Annotated[str, AfterValidator(check_adapter_name)]
+AdapterName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_LENGTH), AfterValidator(check_adapter_name)
+]
 """A model name: printable, no spaces, not starting with `/`, at most 256 characters."""
 
 
