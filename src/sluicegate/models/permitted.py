@@ -4,8 +4,9 @@ its own in `/v1/models`.
 
 A key may use a model when its list holds the name asked for or the model that name resolves
 to (an alias of a listed model works; so does a listed alias). A model's fallbacks answer for
-it only when the key may use them too: those it may not are passed over, as if they were not
-there (a key limited to a cheap model is never answered by a dear one).
+it only when the key may use them too (by any of their names): those it may not are passed
+over, as if they were not there (a key limited to a cheap model is never answered by a dear
+one).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class PermittedModels:
         """The model `name`, then those of its fallbacks the key may use."""
         self._check(name)
         first, *fallbacks = self._registry.chain(name)
-        return [first, *(model for model in fallbacks if self.may_use(model.name))]
+        if self._policy is None:
+            return [first, *fallbacks]
+        permits = self._policy.permits
+        return [first, *(m for m in fallbacks if permits(*self._registry.names_of(m.name)))]
 
     @property
     def default(self) -> ServedModel | ServedEmbedder:

@@ -93,6 +93,10 @@ class ModelRegistry:
         """The name an alias stands for; any other name itself."""
         return self._aliases.get(name, name)
 
+    def names_of(self, model: str) -> list[str]:
+        """Every name the model `model` is asked for by: its own, and its aliases."""
+        return [model, *(alias for alias, target in self._aliases.items() if target == model)]
+
     def resolve_embedder(self, name: str) -> ServedEmbedder:
         """The embedding model `name` (an alias resolved), or `ModelNotFoundError`; a
         generative model's name is a 400 that says what it serves."""

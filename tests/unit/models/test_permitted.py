@@ -30,6 +30,8 @@ def test_names_outside_the_list_are_unknown(registry: ModelRegistry) -> None:
     assert [m.name for m in seen.chain("a")] == ["a"]
     wider = PermittedModels(registry, KeyPolicy(models=frozenset({"a", "b"})))
     assert [m.name for m in wider.chain("fast")] == ["a", "b"]
+    by_alias = PermittedModels(registry, KeyPolicy(models=frozenset({"a", "cheap"})))
+    assert [m.name for m in by_alias.chain("a")] == ["a", "b"]  # b is the key's, as `cheap`
     assert [m.name for m in PermittedModels(registry, None).chain("a")] == ["a", "b"]
     assert {card["id"] for card in seen.cards()} == {"a", "fast"}
 
