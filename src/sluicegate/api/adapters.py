@@ -2,7 +2,8 @@
 in-process engine loaded and unloaded at run time, with vLLM's bodies and answers.
 
 Answered only with `SLUICEGATE_ALLOW_RUNTIME_LORA` (404 otherwise, as vLLM's server has no
-such routes then), and with keys set, only for admin keys (`AdminDep`). A loaded adapter is a
+such routes then), and with keys set, only for admin keys: `http.admin_guard` checks both
+before the body is read, and counts the call against the key's admin limit. A loaded adapter is a
 model of the registry at once; an unloaded one is gone at once, while the requests running on
 it finish (`engine.vllm_adapters`).
 """
@@ -14,6 +15,7 @@ from fastapi.responses import PlainTextResponse
 
 from sluicegate.api.deps import AdminDep, StateDep
 from sluicegate.errors import NotFoundError
+from sluicegate.http.admin_guard import RUNTIME_LORA_OFF
 from sluicegate.http.state import AppState
 from sluicegate.wire.adapters import LoadAdapterRequest, UnloadAdapterRequest
 
@@ -36,6 +38,4 @@ async def unload_lora_adapter(body: UnloadAdapterRequest, state: StateDep) -> st
 
 def _check_allowed(state: AppState) -> None:
     if not state.allow_runtime_lora:
-        raise NotFoundError(
-            "Loading LoRA adapters at run time is off (SLUICEGATE_ALLOW_RUNTIME_LORA)."
-        )
+        raise NotFoundError(RUNTIME_LORA_OFF)
