@@ -8,9 +8,14 @@ gateway that read the body first would wait for it (`REQUEST_BODY_TIMEOUT`, two 
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -170,3 +175,69 @@ def test_admin_calls_are_counted_in_a_limit_of_their_own() -> None:
 
 def test_the_default_admin_limit_is_at_least_a_call_a_second() -> None:
     assert Settings.model_fields["admin_requests_per_minute"].default >= 60
+
+
+# `/health` every `interval` seconds from a process of its own, until the file `stop` exists,
+# then each probe's start (monotonic clock, shared by processes on Linux) and time taken, as
+# JSON: what is timed is the gateway, not this process (as tests/integration/test_loop_lag.py).
+PROBE = """
+import json, os, sys, time
+import httpx
+url, stop, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
+probes = []
+with httpx.Client(base_url=url, timeout=60) as client:
+    print("probing", flush=True)
+    while not os.path.exists(stop):
+        at = time.monotonic()
+        status = client.get("/health").status_code
+        probes.append((at, time.monotonic() - at, status))
+        time.sleep(interval)
+print(json.dumps(probes))
+"""
+SEND = """
+import sys, httpx
+from concurrent.futures import ThreadPoolExecutor
+url, path, key, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+body = b'{"lora_name": "a", "lora_path": "b", "x": [' + b'{"a":{}},' * 900_000 + b'{}]}'
+def send(_):
+    return httpx.post(url + path, content=body, timeout=300, headers={
+        "authorization": "Bearer " + key, "content-type": "application/json"}).status_code
+with ThreadPoolExecutor(count) as pool:
+    print(sorted(set(pool.map(send, range(count)))))
+"""
+BODIES = 8
+"""Hostile bodies sent at once, 8 MB each, of many small nested objects: each took the loop
+for 0.3 to 1 s to parse before the 403, and all of them kept `/health` unanswered for 3 to
+8 s; refused before they are read, about 0.1 s (the probe interval's worth)."""
+STALL_BOUND_S = 2.0
+"""The longest `/health` may go without an answer while the bodies are sent and answered (the
+probe interval included): a stall a user would see, as in tests/integration/
+test_loop_lag.py, with room for a loaded two-core machine."""
+
+
+def test_health_keeps_answering_while_a_non_admin_sends_8_mb_bodies_to_an_admin_route(
+    url: str, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    with subprocess.Popen(
+        [sys.executable, "-c", PROBE, url, str(stop), "0.05"], stdout=subprocess.PIPE, text=True
+    ) as prober:
+        assert prober.stdout is not None
+        assert prober.stdout.readline().strip() == "probing"
+        began = time.monotonic()
+        sender = subprocess.run(
+            [sys.executable, "-c", SEND, url, LOAD, USER, str(BODIES)],
+            capture_output=True,
+            text=True,
+        )
+        ended = time.monotonic()
+        stop.touch()
+        probes = json.loads(prober.stdout.read())
+    assert sender.stdout.strip() == "[403]", sender.stdout + sender.stderr
+    answers = sorted(at + wait for at, wait, _ in probes if began < at + wait < ended)
+    points = [began, *answers, ended]
+    silence = max(b - a for a, b in itertools.pairwise(points))
+    assert all(status == 200 for _, _, status in probes)
+    assert silence <= STALL_BOUND_S, (
+        f"/health went {silence * 1000:.0f} ms without an answer in {ended - began:.2f} s"
+    )
