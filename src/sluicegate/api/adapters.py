@@ -3,9 +3,9 @@ in-process engine loaded and unloaded at run time, with vLLM's bodies and answer
 
 Answered only with `SLUICEGATE_ALLOW_RUNTIME_LORA` (404 otherwise, as vLLM's server has no
 such routes then), and with keys set, only for admin keys: `http.admin_guard` checks both
-before the body is read, and counts the call against the key's admin limit. A loaded adapter is a
-model of the registry at once; an unloaded one is gone at once, while the requests running on
-it finish (`engine.vllm_adapters`).
+before the body is read, and counts the call against the key's admin limit. A loaded adapter
+is a model of the registry at once; an unloaded one is gone at once, while the requests
+running on it finish (`engine.vllm_adapters`).
 """
 
 from __future__ import annotations

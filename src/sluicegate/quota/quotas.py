@@ -29,9 +29,6 @@ from sluicegate.quota.budgets import BudgetHold, BudgetKeeper
 from sluicegate.quota.share import SequenceShare
 from sluicegate.quota.window import Decision, RateLimit, RateLimiter
 
-ADMIN_REQUESTS_PER_MINUTE = 120
-"""The default of `ADMIN_REQUESTS_PER_MINUTE`."""
-
 Policies = Callable[[str], KeyPolicy | None]
 """A managed key's settings by its id (`tenancy.store.KeyStore.policy`)."""
 
@@ -87,8 +84,9 @@ class Quotas:
     """Managed keys' own limits, priority and budget, by key id."""
     budgets: BudgetKeeper | None = None
     """Where budgets are kept (Redis); None: no key has one (no managed keys)."""
-    admin: RateLimit = field(default_factory=lambda: RateLimit(ADMIN_REQUESTS_PER_MINUTE))
-    """Each key's calls of the admin endpoints (`ADMIN_REQUESTS_PER_MINUTE`)."""
+    admin: RateLimit = field(default_factory=RateLimit)
+    """Each key's calls of the admin endpoints (`ADMIN_REQUESTS_PER_MINUTE`, which the wiring
+    gives; unlimited without it)."""
 
     def __post_init__(self) -> None:
         self.share.policies = self.policies
