@@ -33,6 +33,7 @@ from sluicegate.api import (
     usage,
 )
 from sluicegate.api.playground import playground_mount
+from sluicegate.http.admin_guard import AdminGuardMiddleware
 from sluicegate.http.admission import AdmissionMiddleware, ConnectionLimitMiddleware
 from sluicegate.http.auth import ApiKeyMiddleware
 from sluicegate.http.body_limits import BodyLimitMiddleware
@@ -47,7 +48,7 @@ from sluicegate.observability.key_label import KeyLabels
 from sluicegate.observability.loop_lag import watch_loop_lag
 from sluicegate.observability.tracing import Tracing
 from sluicegate.offload import ProcessOffload
-from sluicegate.paths import METRICS_PATHS, PLAYGROUND_PATH, PROBE_PATHS
+from sluicegate.paths import METRICS_PATH, METRICS_PATHS, PLAYGROUND_PATH, PROBE_PATHS
 from sluicegate.settings import Settings
 from sluicegate.worker import CORE_DIED, Worker
 
@@ -158,6 +159,7 @@ def create_app(
                 access=Access(
                     keys=settings.keyed,
                     admin_keys=settings.admin_api_keys is not None,
+                    managed=settings.managed_keys,
                 ),
                 allow_runtime_lora=settings.allow_runtime_lora,
                 lora_roots=settings.lora_root_folders,
@@ -224,24 +226,33 @@ def middleware(
     ]
     keys, admin = settings.api_keys, settings.admin_api_keys
     if keys is not None or admin is not None:
-        open_paths = PROBE_PATHS - (METRICS_PATHS if settings.metrics_require_auth else set())
+        closed = METRICS_PATHS if settings.metrics_require_auth else set()
+        if settings.managed_keys:
+            # Its series name keys and models: admin and scraper keys only (`api.health`).
+            # The engine's scheduling state, for routers, names neither.
+            closed = closed | {METRICS_PATH}
+        open_paths = PROBE_PATHS - closed
         stack.append(
             Middleware(
                 ApiKeyMiddleware,
                 keyring=settings.keyring(),
+                scrapers=settings.metrics_keyring(),
                 open_paths=open_paths,
                 # The page loads without a key; its API calls send the one typed into it.
                 open_prefixes=(PLAYGROUND_PATH,) if settings.playground_enabled else (),
-                # Admin keys alone guard the admin endpoints only (`api.deps.AdminDep`).
+                # Admin keys alone guard the admin endpoints only (`http.admin_guard`).
                 required=settings.keyed,
             )
         )
     stack += [
+        # Before the body is read: an admin call that is refused costs no upload nor parse.
+        Middleware(AdminGuardMiddleware),
         # The body is read whole before admission, so a slow upload holds no slot.
         Middleware(
             BodyLimitMiddleware,
             max_bytes=settings.max_request_bytes,
             read_timeout=settings.request_body_timeout,
+            admin_max_bytes=settings.admin_max_request_bytes,
         ),
         Middleware(
             AdmissionMiddleware,

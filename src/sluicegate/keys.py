@@ -87,6 +87,13 @@ class Caller:
     admin: bool = False
     policy: KeyPolicy | None = None
     """A managed key's settings; None for the keys of the settings."""
+    scraper: bool = False
+    """A key of `METRICS_API_KEYS`: it reads the metrics and nothing else."""
+
+    @property
+    def reads_metrics(self) -> bool:
+        """Whether it may read the metrics and `/ready`'s detail when keys are managed."""
+        return self.admin or self.scraper
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,20 @@ CACHE_HIT_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", MESSAGES
 its answers are stored, which the route does."""
 INFERENCE_PATHS = CACHE_HIT_PATHS | {"/v1/responses", "/v1/embeddings", "/v1/rerank", "/v1/score"}
 """Requests that reach the engine (or the response cache)."""
-METRICS_PATHS = frozenset({"/metrics", "/metrics/engine"})
+METRICS_PATH = "/metrics"
+METRICS_PATHS = frozenset({METRICS_PATH, "/metrics/engine"})
 """Scrapes: every series, and the engine's scheduling state alone (for routers)."""
-PROBE_PATHS = frozenset({"/health", "/ready"}) | METRICS_PATHS
+READY_PATH = "/ready"
+PROBE_PATHS = frozenset({"/health", READY_PATH}) | METRICS_PATHS
 """Health probes and scrapes: not traced, logged at debug level."""
 PLAYGROUND_PATH = "/playground"
 """The playground page and its files (`sluicegate/playground/`), served without a key."""
+ADMIN_PREFIX = "/admin"
+"""The admin API (`/admin/keys`, `/admin/usage`): admin keys only (`http.admin_guard`)."""
+LORA_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+"""Loading and unloading LoRA adapters at run time: admin keys only too."""
+
+
+def is_admin_path(path: str) -> bool:
+    """Whether `path` is one of the admin endpoints (or under their prefix)."""
+    return path in LORA_PATHS or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")

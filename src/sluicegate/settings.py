@@ -36,7 +36,14 @@ from sluicegate.wire.requests import MAX_MESSAGES, MAX_N, MAX_PROMPTS, Overflow,
 # Settings whose values must never be echoed, not even in an error message.
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 SECRET_SETTINGS = frozenset(
-    {"api_keys", "admin_api_keys", "redis_url", "rate_limit_redis_url", "upstream_api_key"}
+    {
+        "api_keys",
+        "admin_api_keys",
+        "metrics_api_keys",
+        "redis_url",
+        "rate_limit_redis_url",
+        "upstream_api_key",
+    }
 )
 ENV_PREFIX = "SLUICEGATE_"
 
@@ -381,6 +388,23 @@ class Settings(BaseSettings):
     )
     metrics_require_auth: bool = Field(
         default=False, description="Require an API key for /metrics too."
+    )
+    metrics_api_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys for scrapers (Prometheus), given as API_KEYS are: they may read "
+        "/metrics and /ready's list of models, and call nothing else. With MANAGED_KEYS, "
+        "/metrics needs one of them or an admin key.",
+    )
+    admin_requests_per_minute: int = Field(
+        default=120,
+        ge=1,
+        description="Calls of the admin endpoints (/admin/*, loading LoRA adapters) per minute "
+        "per admin key, counted apart from its requests per minute (429 past it).",
+    )
+    admin_max_request_bytes: int = Field(
+        default=96 * 1024,
+        ge=1024,
+        description="Largest body the admin endpoints accept (413), checked before it is read.",
     )
     managed_keys: bool = Field(
         default=False,
@@ -851,7 +875,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(map(str, VLLM_LORA_RANKS))}")
         return value
 
-    @field_validator("api_keys", "admin_api_keys")
+    @field_validator("api_keys", "admin_api_keys", "metrics_api_keys")
     @classmethod
     def _keys_parse(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
@@ -962,6 +986,11 @@ class Settings(BaseSettings):
             None if keys is None else keys.get_secret_value(),
             None if admin is None else admin.get_secret_value(),
         )
+
+    def metrics_keyring(self) -> ApiKeyring:
+        """The keys of scrapers (`METRICS_API_KEYS`): good for the metrics alone."""
+        keys = self.metrics_api_keys
+        return ApiKeyring(()) if keys is None else ApiKeyring.parse(keys.get_secret_value())
 
     @property
     def keyed(self) -> bool:

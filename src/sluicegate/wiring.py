@@ -402,6 +402,7 @@ async def open_quotas(
         share=sequence_share(settings, worker),
         policies=no_policies if keys is None else keys.policy,
         budgets=budgets,
+        admin=RateLimit(settings.admin_requests_per_minute),
     )
 
 

@@ -221,5 +221,6 @@ def test_redis_killed_and_restarted_loses_no_usage(
 def _lost(*gateways: GatewayProcess) -> float:
     """What the replicas' ledgers dropped, in requests."""
     return sum(
-        total(scrape(g.url), "sluicegate_usage_lost_total", measure="requests") for g in gateways
+        total(scrape(g.url, ADMIN), "sluicegate_usage_lost_total", measure="requests")
+        for g in gateways
     )

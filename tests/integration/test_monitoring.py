@@ -128,7 +128,15 @@ def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [{"job_name": "sluicegate", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [
+            {
+                "job_name": "sluicegate",
+                "static_configs": [{"targets": targets}],
+                # The gateway with managed keys opens /metrics to a scraper's key; the other
+                # has no keys and reads none.
+                "authorization": {"credentials": SCRAPER},
+            }
+        ],
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
@@ -161,6 +169,7 @@ def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
 
 
 ADMIN = "sk-monitoring-admin"
+SCRAPER = "sk-monitoring-scraper"
 BUDGET_TOKENS = 120
 """A few requests' worth: the budgeted key is refused well before the load ends."""
 
@@ -365,6 +374,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
                 "SLUICEGATE_REDIS_KEY_PREFIX": f"monitoring-{uuid.uuid4().hex[:8]}",
                 "SLUICEGATE_MANAGED_KEYS": "true",
                 "SLUICEGATE_ADMIN_API_KEYS": ADMIN,
+                "SLUICEGATE_METRICS_API_KEYS": SCRAPER,
             },
         )
         targets = [f"127.0.0.1:{g.port}" for g in (gateway, upstream_mode)]

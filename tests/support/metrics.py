@@ -19,9 +19,13 @@ def parse(text: str) -> Samples:
     }
 
 
-def scrape(url: str) -> Samples:
-    """Every sample a gateway at `url` exposes now."""
-    return parse(httpx.get(f"{url}/metrics", timeout=10).text)
+def scrape(url: str, key: str | None = None) -> Samples:
+    """Every sample a gateway at `url` exposes now; read with `key` (an admin's or a
+    scraper's, which a gateway with managed keys asks for)."""
+    headers = {} if key is None else {"authorization": f"Bearer {key}"}
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    response.raise_for_status()
+    return parse(response.text)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:

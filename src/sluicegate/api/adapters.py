@@ -2,9 +2,10 @@
 in-process engine loaded and unloaded at run time, with vLLM's bodies and answers.
 
 Answered only with `SLUICEGATE_ALLOW_RUNTIME_LORA` (404 otherwise, as vLLM's server has no
-such routes then), and with keys set, only for admin keys (`AdminDep`). An adapter is loaded
-only from inside `SLUICEGATE_LORA_ROOTS` (symlinks resolved). A loaded adapter is a model of
-the registry at once; an unloaded one is gone at once, while the requests running on
+such routes then), and with keys set, only for admin keys: `http.admin_guard` checks both
+before the body is read, and counts the call against the key's admin limit. An adapter is
+loaded only from inside `SLUICEGATE_LORA_ROOTS` (symlinks resolved). A loaded adapter is a
+model of the registry at once; an unloaded one is gone at once, while the requests running on
 it finish (`engine.vllm_adapters`).
 """
 
@@ -15,6 +16,7 @@ from fastapi.responses import PlainTextResponse
 
 from sluicegate.api.deps import AdminDep, StateDep
 from sluicegate.errors import NotFoundError
+from sluicegate.http.admin_guard import RUNTIME_LORA_OFF
 from sluicegate.http.state import AppState
 from sluicegate.wire.adapters import LoadAdapterRequest, UnloadAdapterRequest
 
@@ -37,6 +39,4 @@ async def unload_lora_adapter(body: UnloadAdapterRequest, state: StateDep) -> st
 
 def _check_allowed(state: AppState) -> None:
     if not state.allow_runtime_lora:
-        raise NotFoundError(
-            "Loading LoRA adapters at run time is off (SLUICEGATE_ALLOW_RUNTIME_LORA)."
-        )
+        raise NotFoundError(RUNTIME_LORA_OFF)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from sluicegate.api.deps import AdminDep, StateDep
 from sluicegate.errors import InvalidRequestError, NotFoundError
+from sluicegate.http.admin_guard import MANAGED_KEYS_OFF
 from sluicegate.http.state import AppState
 from sluicegate.keys import key_id
 from sluicegate.tenancy.records import static_view
@@ -59,7 +60,7 @@ async def delete_key(key: str, state: StateDep) -> dict[str, Any]:
 
 def _store(state: AppState) -> KeyStore:
     if state.keys is None:
-        raise NotFoundError("Managed keys are off (SLUICEGATE_MANAGED_KEYS).")
+        raise NotFoundError(MANAGED_KEYS_OFF)
     return state.keys
 
 

@@ -9,10 +9,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from sluicegate.errors import AuthenticationError, EngineUnavailableError, PermissionDeniedError
-from sluicegate.http.asgi import api_key_id, caller_policy, is_admin
+from sluicegate.errors import EngineUnavailableError
+from sluicegate.http.admin_guard import admin_refusal
+from sluicegate.http.asgi import api_key_id, caller_policy
 from sluicegate.http.state import AppState, app_state
-from sluicegate.keys import ANONYMOUS
 from sluicegate.models.permitted import PermittedModels
 
 
@@ -32,6 +32,16 @@ StateDep = Annotated[AppState, Depends(get_state)]
 KeyIdDep = Annotated[str, Depends(get_key_id)]
 
 
+async def count_request(request: Request, state: StateDep) -> None:
+    """Count a request that runs no engine work against its key's requests per minute, as
+    every request is (`Quotas.enter`): 429 past them."""
+    await state.quotas.enter(api_key_id(request.scope), engine_work=False)
+
+
+CountedDep = Depends(count_request)
+"""For a route's `dependencies`: counted against the key's requests per minute."""
+
+
 def models_for(request: Request, state: AppState) -> PermittedModels:
     """The models the caller's key may use (every model, but for a managed key limited to
     some)."""
@@ -46,13 +56,11 @@ ModelsDep = Annotated[PermittedModels, Depends(get_models)]
 
 
 async def require_admin(request: Request, state: StateDep) -> None:
-    """The admin endpoints: open without keys; with keys, admin keys only (401 without a
-    valid key, 403 with a key that is not an admin's)."""
-    if not state.access.admin_guarded or is_admin(request.scope):
-        return
-    if api_key_id(request.scope) == ANONYMOUS:
-        raise AuthenticationError(headers={"www-authenticate": "Bearer"})
-    raise PermissionDeniedError("Only admin keys (SLUICEGATE_ADMIN_API_KEYS) may call this.")
+    """The admin endpoints: open without keys; with keys, admin keys only. `http.admin_guard`
+    refuses the others before their body is read; this holds for a route it does not see."""
+    refusal = admin_refusal(request.scope, state.access)
+    if refusal is not None:
+        raise refusal
 
 
 AdminDep = Depends(require_admin)

@@ -1,6 +1,10 @@
 """`GET /admin/usage` (every key, admin keys only) and `GET /v1/me/usage` (the caller's own
 key): the usage ledger's rows per key, model and day or month, with their totals
-(`tenancy.usage`). JSON, or CSV with `Accept: text/csv`."""
+(`tenancy.usage`). JSON, or CSV with `Accept: text/csv`.
+
+A call of `/v1/me/usage` is counted against its key's requests per minute like any request,
+and reads at most `MAX_OWN_DAYS` days; `/admin/usage` is counted by the admin guard
+(`http.admin_guard`) and reads at most `MAX_DAYS`."""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from sluicegate.api.deps import AdminDep, KeyIdDep, StateDep
+from sluicegate.api.deps import AdminDep, CountedDep, KeyIdDep, StateDep
 from sluicegate.errors import NotFoundError
+from sluicegate.http.admin_guard import USAGE_LEDGER_OFF
 from sluicegate.http.state import AppState
-from sluicegate.tenancy.usage import GroupBy, UsageQuery, UsageReader, as_csv
+from sluicegate.tenancy.usage import MAX_OWN_DAYS, GroupBy, UsageQuery, UsageReader, as_csv
 
 router = APIRouter(tags=["usage"])
 
@@ -34,7 +39,7 @@ async def all_usage(
     return await _answer(request, await _reader(state).read(query))
 
 
-@router.get("/v1/me/usage", response_model=None)
+@router.get("/v1/me/usage", dependencies=[CountedDep], response_model=None)
 async def my_usage(
     request: Request,
     state: StateDep,
@@ -44,13 +49,13 @@ async def my_usage(
     end: date | None = None,
     group_by: GroupBy = "day",
 ) -> Response:
-    query = UsageQuery.of(_today(), start, end, key, model, group_by)
+    query = UsageQuery.of(_today(), start, end, key, model, group_by, MAX_OWN_DAYS)
     return await _answer(request, await _reader(state).read(query))
 
 
 def _reader(state: AppState) -> UsageReader:
     if state.usage is None:
-        raise NotFoundError("The usage ledger is off (it needs SLUICEGATE_REDIS_URL).")
+        raise NotFoundError(USAGE_LEDGER_OFF)
     return state.usage
 
 

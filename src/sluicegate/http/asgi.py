@@ -11,6 +11,7 @@ from sluicegate.keys import ANONYMOUS, Caller, KeyPolicy
 
 _API_KEY_ID = "api_key_id"
 _ADMIN = "api_key_admin"
+_READS_METRICS = "api_key_reads_metrics"
 _POLICY = "api_key_policy"
 _COUNTED = "request_counted"
 BODY_RECEIVED = "sluicegate.body_received"
@@ -40,6 +41,7 @@ def set_caller(scope: Scope, caller: Caller) -> None:
     state = scope.setdefault("state", {})
     state[_API_KEY_ID] = caller.key_id
     state[_ADMIN] = caller.admin
+    state[_READS_METRICS] = caller.reads_metrics
     if caller.policy is not None:
         state[_POLICY] = caller.policy
 
@@ -54,6 +56,12 @@ def is_admin(scope: Scope) -> bool:
     """Whether the request's key is an admin key (`SLUICEGATE_ADMIN_API_KEYS`)."""
     state: dict[str, Any] = scope.get("state") or {}
     return bool(state.get(_ADMIN, False))
+
+
+def reads_metrics(scope: Scope) -> bool:
+    """Whether the request's key is an admin's or a scraper's (`METRICS_API_KEYS`)."""
+    state: dict[str, Any] = scope.get("state") or {}
+    return bool(state.get(_READS_METRICS, False))
 
 
 def mark_counted(scope: Scope) -> None:

@@ -45,6 +45,9 @@ class Access:
     """API keys are set: every request needs one."""
     admin_keys: bool = False
     """Admin keys are set: only they may call the admin endpoints."""
+    managed: bool = False
+    """Keys are managed (`MANAGED_KEYS`): the metrics, whose series name keys and models,
+    are for admin and scraper keys only."""
 
     @property
     def admin_guarded(self) -> bool:

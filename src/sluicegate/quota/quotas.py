@@ -84,6 +84,9 @@ class Quotas:
     """Managed keys' own limits, priority and budget, by key id."""
     budgets: BudgetKeeper | None = None
     """Where budgets are kept (Redis); None: no key has one (no managed keys)."""
+    admin: RateLimit = field(default_factory=RateLimit)
+    """Each key's calls of the admin endpoints (`ADMIN_REQUESTS_PER_MINUTE`, which the wiring
+    gives; unlimited without it)."""
 
     def __post_init__(self) -> None:
         self.share.policies = self.policies
@@ -109,6 +112,13 @@ class Quotas:
         decision = await self.limiter.acquire(key_id, self.limit_for(key_id), 0)
         if not decision.allowed:
             _refuse(decision)
+
+    async def enter_admin(self, key_id: str) -> None:
+        """Count a call of the admin endpoints against its key's admin limit, which is its
+        own (not the key's requests per minute). Raises `KeyRateLimitError` past it."""
+        decision = await self.limiter.acquire(f"admin:{key_id}", self.admin, 0)
+        if not decision.allowed:
+            _refuse(decision, admin=True)
 
     async def reserve(
         self,
@@ -252,10 +262,10 @@ def _spend(
 _FREE = Price()
 
 
-def _refuse(decision: Decision, model: str | None = None) -> NoReturn:
-    """The 429 of a refusal by the key's limits, or by `model`'s."""
+def _refuse(decision: Decision, model: str | None = None, admin: bool = False) -> NoReturn:
+    """The 429 of a refusal by the key's limits, by its `admin` limit, or by `model`'s."""
     which = decision.limit or "requests"
-    RATE_LIMITED.labels(limit=which).inc()
+    RATE_LIMITED.labels(limit="admin" if admin else which).inc()
     # The limit that refused: this replica's share of it while Redis is down.
     per_minute = decision.headers.get(f"x-ratelimit-limit-{which}", "?")
     retry = decision.headers.get("retry-after", "1")
@@ -265,6 +275,8 @@ def _refuse(decision: Decision, model: str | None = None) -> NoReturn:
             f"{per_minute}, across every key). Retry after {retry} s.",
             headers={"retry-after": retry},
         )
+    if admin:
+        which = "admin calls"
     raise KeyRateLimitError(
         f"Rate limit reached for {which} per minute (limit {per_minute}). Retry after {retry} s.",
         headers=decision.headers,

@@ -27,7 +27,9 @@ from sluicegate.tenancy.ledger import MEASURES, day_set, hash_key
 
 GroupBy = Literal["day", "month"]
 MAX_DAYS = 366
-"""The longest range one query reads."""
+"""The longest range one query of every key's usage reads (`/admin/usage`)."""
+MAX_OWN_DAYS = 93
+"""The longest range a key's query of its own usage reads (`/v1/me/usage`): a quarter."""
 _PIPELINE = 500
 _FAILURES = (TimeoutError, OSError, RedisError)
 CSV_COLUMNS = ("period", "key_id", "model", *MEASURES)
@@ -50,16 +52,24 @@ class UsageQuery:
         key_id: str | None,
         model: str | None,
         group_by: GroupBy,
+        max_days: int = MAX_DAYS,
     ) -> UsageQuery:
         """A query from the API's parameters: by default from the first of this month to
-        today (UTC); at most `MAX_DAYS` days."""
-        end = end or today
+        today (UTC); at most `max_days` days. The ledger holds nothing after today: an end
+        after it reads up to today, and a start after it is refused."""
+        if start is not None and start > today:
+            raise InvalidRequestError(
+                f"start must not be after today ({today.isoformat()}, UTC): the ledger holds "
+                "no usage after it.",
+                param="start",
+            )
+        end = today if end is None or end > today else end
         start = start or end.replace(day=1)
         if start > end:
             raise InvalidRequestError("start must not be after end.", param="start")
-        if (end - start).days >= MAX_DAYS:
+        if (end - start).days >= max_days:
             raise InvalidRequestError(
-                f"A usage query covers at most {MAX_DAYS} days.", param="start"
+                f"A usage query here covers at most {max_days} days.", param="start"
             )
         return cls(start, end, key_id, model, group_by)
 
@@ -139,13 +149,27 @@ def _summary(
 
 
 def as_csv(answer: dict[str, Any]) -> str:
-    """The rows of an answer as CSV, with a header line (no totals: sum the columns)."""
+    """The rows of an answer as CSV, with a header line (no totals: sum the columns).
+
+    A model name is whatever a request asked for: text a spreadsheet would run as a formula
+    (starting with `=`, `+`, `-`, `@`, a tab or a carriage return) is written with a `'`
+    before it, and every text cell is quoted, as OWASP's advice on CSV injection has it."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     writer.writerow(CSV_COLUMNS)
     for row in answer["data"]:
-        writer.writerow([row[column] for column in CSV_COLUMNS])
+        writer.writerow([_cell(row[column]) for column in CSV_COLUMNS])
     return out.getvalue()
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: object) -> object:
+    """`value`, or a text that starts like a formula with `'` before it."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def _row(slot: tuple[str, str, str], totals: list[int]) -> dict[str, Any]:

@@ -140,4 +140,4 @@ def test_usage_that_cannot_be_written_in_time_is_counted_as_lost(
 
 
 def _lost(url: str, measure: str = "requests") -> float:
-    return value(scrape(url), "sluicegate_usage_lost_total", measure=measure)
+    return value(scrape(url, ADMIN), "sluicegate_usage_lost_total", measure=measure)
