@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import textwrap
 import threading
 import time
@@ -40,6 +41,7 @@ from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.server import GIL_SWITCH_INTERVAL
 from sluicegate.settings import Settings
 from sluicegate.wire.completion import Collector, Completion
 from tests.support.clock import Clock
@@ -361,7 +363,8 @@ def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
 def health_silence(base_url: str) -> Iterator[list[float]]:
     """Probe `/health` from a thread of its own while the block runs; the list it yields then
     holds the longest time the gateway went without answering (the probe interval included):
-    a stall of its event loop shows as one this long."""
+    a stall of its event loop shows as one this long. The gateway must be served in this
+    process (`serve_in_thread`)."""
     found: list[float] = []
     stop = threading.Event()
 
@@ -375,6 +378,9 @@ def health_silence(base_url: str) -> Iterator[list[float]]:
                 time.sleep(0.02)
         found.append(max(longest, time.monotonic() - last))
 
+    # As the gateway runs (`server.serve`): worker threads hand the GIL back every 1 ms.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     prober = threading.Thread(target=probe)
     prober.start()
     try:
@@ -382,6 +388,7 @@ def health_silence(base_url: str) -> Iterator[list[float]]:
     finally:
         stop.set()
         prober.join()
+        sys.setswitchinterval(interval)
 
 
 def chat_body(text: str = "hi there", **extra: Any) -> dict[str, Any]:

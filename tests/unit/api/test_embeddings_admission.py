@@ -154,8 +154,8 @@ STALL_BOUND_S = 2.0
 
 
 def test_health_keeps_answering_while_a_score_of_2047_documents_is_worked_on() -> None:
-    embedder = FakeEmbedder(size=1024, max_model_len=4096)
-    documents = [" ".join(["w" * (1 + i % 7)] * (1 + i % 13)) for i in range(2047)]
+    embedder = FakeEmbedder(size=4096, max_model_len=4096)
+    documents = ["w" * (1 + i % 7) for i in range(2047)]  # few to compute, many to score
     body = {"model": FAKE_EMBEDDER, "text_1": "the query", "text_2": documents}
     with serve_in_thread(fake_app(embedder=embedder)) as url, health_silence(url) as silences:
         for _ in range(3):  # computed, then from the cache
