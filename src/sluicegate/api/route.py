@@ -12,8 +12,8 @@ request (nor `/health`) is served. Above `LARGE_BODY_BYTES`, this route has the 
 validated and made compact in a worker process first (`wire.compact`), and hands FastAPI the
 compact form, whose validation costs little; a request of another API that runs as a chat
 request (Anthropic's Messages) is converted there too, and handed to its endpoint as it comes
-back (`wire.compact`). The worker's queue is bounded, in all and per
-key (`offload.ProcessOffload`): past it, a 503 `overloaded`, or the key's 429.
+back. The worker's queue is bounded, in all and per key (`offload.ProcessOffload`): past it,
+a 503 `overloaded`, or the key's 429.
 
 A smaller JSON body whose endpoint takes only the body, the request and the app's state
 (`_direct_call`: the inference routes) is validated by pydantic straight from its bytes and

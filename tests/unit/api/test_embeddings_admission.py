@@ -20,6 +20,7 @@ from sluicegate.engine.protocol import Embedding, Prompt
 from tests.support.fakes import (
     FAKE_EMBEDDER,
     FakeEmbedder,
+    chat_body,
     fake_app,
     health_silence,
     serve_in_thread,
@@ -83,9 +84,13 @@ def test_one_keys_embedding_backlog_does_not_hold_anothers() -> None:
             score = {"model": FAKE_EMBEDDER, "text_1": "a", "text_2": "b"}
             scored = httpx.post(f"{url}/v1/score", json=score, headers=bearer(KEY_A), timeout=60)
             assert scored.status_code == 429, scored.text
-            # Key B's are answered meanwhile.
+            # Key B's are answered meanwhile, and key A's chat completions (another share).
             other = httpx.post(f"{url}{EMBED}", json=more, headers=bearer(KEY_B), timeout=60)
             assert other.status_code == 200, other.text
+            chat = httpx.post(
+                f"{url}/v1/chat/completions", json=chat_body(), headers=bearer(KEY_A), timeout=60
+            )
+            assert chat.status_code == 200, chat.text
             assert not held.done()
             # A request larger than the whole share could never be taken: a 400.
             large = {"model": FAKE_EMBEDDER, "input": ["a", "b", "c"]}
