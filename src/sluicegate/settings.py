@@ -178,6 +178,20 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = Field(
         default=2048, ge=1, le=2048, description="Inputs one embeddings request may hold."
     )
+    max_embedding_inputs_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        description="Inputs (texts of /v1/embeddings, /v1/rerank and /v1/score) one API key "
+        "may have being embedded before a 429 `concurrency_limit_exceeded`: the embedding "
+        "engine's share of one key, apart from its share of sequences. A request of more "
+        "is a 400. Unset: 4096 when API keys are configured, no bound without them.",
+    )
+    max_embedding_values: int = Field(
+        default=4_194_304,
+        ge=1,
+        description="Values (inputs × dimensions) one /v1/embeddings answer may hold, which "
+        "bounds its size (a 400 past it): 2048 inputs of 2048 dimensions, 1024 of 4096.",
+    )
 
     # --- upstream mode ---------------------------------------------------------------
     upstream_urls: str = Field(

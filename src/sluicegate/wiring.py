@@ -72,12 +72,13 @@ from sluicegate.quota.budgets import BudgetKeeper
 from sluicegate.quota.memory_limiter import MemoryRateLimiter
 from sluicegate.quota.quotas import ModelQuota, Quotas, no_policies
 from sluicegate.quota.redis_limiter import RedisRateLimiter
-from sluicegate.quota.share import SequenceShare
+from sluicegate.quota.share import KeyShare, SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
 from sluicegate.tenancy.ledger import UsageLedger
 from sluicegate.tenancy.store import KeyStore
 from sluicegate.tenancy.usage import UsageReader
+from sluicegate.wire.embeddings import MAX_INPUTS
 from sluicegate.wire.tools import ToolLimits
 from sluicegate.worker import EMBEDDING, GENERATIVE, Worker
 
@@ -192,6 +193,17 @@ def sequence_share(settings: Settings, worker: Worker | None = None) -> Sequence
         keyed=settings.keyed,
         tally=(worker or Worker()).tally,
     )
+
+
+def embedding_share(settings: Settings, worker: Worker | None = None) -> KeyShare:
+    """Each API key's share of the embedding engine, in inputs: 4096 (two requests of the
+    most inputs) unless set, and no bound without API keys."""
+    per_key = settings.max_embedding_inputs_per_key
+    if not settings.keyed:
+        per_key = None
+    elif per_key is None:
+        per_key = 2 * MAX_INPUTS
+    return KeyShare(per_key=per_key, tally=(worker or Worker()).tally)
 
 
 def timeouts(settings: Settings) -> Timeouts:
@@ -400,6 +412,7 @@ async def open_quotas(
         default=default_rate_limit(settings),
         overrides=rate_limit_overrides(settings),
         share=sequence_share(settings, worker),
+        embedding_share=embedding_share(settings, worker),
         policies=no_policies if keys is None else keys.policy,
         budgets=budgets,
         admin=RateLimit(settings.admin_requests_per_minute),
@@ -719,7 +732,7 @@ async def open_models(
     pools: list[tuple[ServedModel, Callable[[], Iterable[str]]]] = []
     served_embedders: list[ServedEmbedder] = []
     local: LocalEngine | None = None
-    limits = EmbeddingLimits(settings.max_embedding_inputs)
+    limits = EmbeddingLimits(settings.max_embedding_inputs, settings.max_embedding_values)
     for index, entry in enumerate(entries):
         engine = engines[index]
         if entry.kind != "chat":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import textwrap
 import threading
 import time
@@ -40,6 +41,7 @@ from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.server import GIL_SWITCH_INTERVAL
 from sluicegate.settings import Settings
 from sluicegate.wire.completion import Collector, Completion
 from tests.support.clock import Clock
@@ -221,13 +223,19 @@ class FakeEmbedder:
     calls: list[list[Prompt]] = field(default_factory=list)
     matryoshka: bool = False
     healthy: bool = True
+    cancelled: int = 0
+    """Calls cancelled while they waited their `delay` (the request was aborted)."""
 
     async def embed(
         self, request_id: str, prompts: Sequence[Prompt], dimensions: int | None
     ) -> list[Embedding]:
         self.calls.append(list(prompts))
         if self.delay:
-            await asyncio.sleep(self.delay)
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         return [Embedding(self.vector(p.ids, dimensions), len(p.ids)) for p in prompts]
 
     def vector(self, ids: Sequence[int], dimensions: int | None = None) -> list[float]:
@@ -349,6 +357,38 @@ def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def health_silence(base_url: str) -> Iterator[list[float]]:
+    """Probe `/health` from a thread of its own while the block runs; the list it yields then
+    holds the longest time the gateway went without answering (the probe interval included):
+    a stall of its event loop shows as one this long. The gateway must be served in this
+    process (`serve_in_thread`)."""
+    found: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        last, longest = time.monotonic(), 0.0
+        with httpx.Client(base_url=base_url, timeout=60) as http:
+            while not stop.is_set():
+                assert http.get("/health").status_code == 200
+                now = time.monotonic()
+                longest, last = max(longest, now - last), now
+                time.sleep(0.02)
+        found.append(max(longest, time.monotonic() - last))
+
+    # As the gateway runs (`server.serve`): worker threads hand the GIL back every 1 ms.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        yield found
+    finally:
+        stop.set()
+        prober.join()
+        sys.setswitchinterval(interval)
 
 
 def chat_body(text: str = "hi there", **extra: Any) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from sluicegate.api.completions import Prepared, respond
-from sluicegate.api.deps import ModelsDep, StateDep
+from sluicegate.api.deps import StateDep, models_for
 from sluicegate.api.route import CountedRoute, LargeBodyRoute
 from sluicegate.errors import InvalidRequestError
 from sluicegate.http.errors import validated
@@ -30,10 +30,7 @@ from sluicegate.wire.messages import (
     CountTokensRequest,
     MessagesRequest,
     UnsupportedBlockError,
-    chat_body,
-    chat_messages,
     param_for,
-    tool_fields,
 )
 from sluicegate.wire.requests import ChatCompletionRequest
 
@@ -43,7 +40,7 @@ counting = APIRouter(prefix="/v1", tags=["messages"], route_class=CountedRoute)
 
 @router.post("/messages", response_model=None)
 async def create_message(body: MessagesRequest, request: Request, state: StateDep) -> Response:
-    chat = chat_request(lambda: chat_body(body))
+    chat = chat_request(body.chat_body)
 
     async def prepare(model: ServedModel) -> Prepared:
         try:
@@ -57,25 +54,16 @@ async def create_message(body: MessagesRequest, request: Request, state: StateDe
     return await respond(body.model, body.stream, request, state, prepare)
 
 
-@counting.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, models: ModelsDep) -> dict[str, int]:
+@counting.post("/messages/count_tokens", response_model=None)
+async def count_tokens(body: CountTokensRequest, request: Request, state: StateDep) -> Response:
     """The input tokens the token budget counts for the request on its model."""
-    model = models.resolve(body.model)
-
-    def chat() -> dict[str, Any]:
-        fields = tool_fields(body.tools, body.tool_choice)
-        return {
-            "model": body.model,
-            "messages": chat_messages(body.messages, body.system),
-            **fields,
-        }
-
+    model = models_for(request, state).resolve(body.model)
     try:
-        count = await model.service.count_chat(chat_request(chat))
+        count = await model.service.count_chat(chat_request(body.chat_body))
     except InvalidRequestError as exc:
         exc.param = None if exc.param is None else param_for(exc.param)
         raise
-    return {"input_tokens": count}
+    return JSONResponse({"input_tokens": count})
 
 
 def chat_request(make: Callable[[], dict[str, Any]]) -> ChatCompletionRequest:

@@ -10,8 +10,10 @@ FastAPI parses and validates a body inline, in C and Rust code that holds the GI
 of many small objects near the size limit that is a second or more during which no other
 request (nor `/health`) is served. Above `LARGE_BODY_BYTES`, this route has the body parsed,
 validated and made compact in a worker process first (`wire.compact`), and hands FastAPI the
-compact form, whose validation costs little. The worker's queue is bounded, in all and per
-key (`offload.ProcessOffload`): past it, a 503 `overloaded`, or the key's 429.
+compact form, whose validation costs little; a request of another API that runs as a chat
+request (Anthropic's Messages) is converted there too, and handed to its endpoint as it comes
+back. The worker's queue is bounded, in all and per key (`offload.ProcessOffload`): past it,
+a 503 `overloaded`, or the key's 429.
 
 A smaller JSON body whose endpoint takes only the body, the request and the app's state
 (`_direct_call`: the inference routes) is validated by pydantic straight from its bytes and
@@ -51,6 +53,8 @@ class LargeBodyRoute(APIRoute):
     engine_work: ClassVar[bool] = True
     """Whether the route's requests run on the engine (then a key holding its whole share
     is refused before its body is parsed)."""
+    embeds: ClassVar[bool] = False
+    """Whether they embed instead (then the key's embedding share is the one checked)."""
 
     def get_route_handler(self) -> Handler:
         handle = super().get_route_handler()
@@ -66,15 +70,20 @@ class LargeBodyRoute(APIRoute):
             if state is None:
                 return await handle(request)
             key_id = api_key_id(request.scope)
-            await state.quotas.enter(key_id, self.engine_work)
+            await state.quotas.enter(key_id, self.engine_work, self.embeds)
             mark_counted(request.scope)
             if len(body) > LARGE_BODY_BYTES and _is_json(request):
+                convert = direct is not None
                 try:
-                    compact = await state.processes.run(compact_body, model, body, owner=key_id)
+                    compact = await state.processes.run(
+                        compact_body, model, body, convert, owner=key_id
+                    )
                 except QueueFullError as full:
                     raise _queue_full(full) from None
                 except BrokenProcessPool:
                     raise OverloadedError("The request body could not be parsed. Retry.") from None
+                if compact.request is not None and direct is not None:
+                    return await direct(compact.request, request, state)
                 if compact.data is None:
                     raise RequestValidationError(compact.errors)
                 # What Starlette's `Request.json()` returns from then on: FastAPI validates
@@ -141,6 +150,13 @@ class CountedRoute(LargeBodyRoute):
     the key's requests per minute, whatever its share."""
 
     engine_work = False
+
+
+class EmbeddingRoute(LargeBodyRoute):
+    """A `LargeBodyRoute` whose requests embed: a key holding its whole embedding share is
+    refused before its body is parsed."""
+
+    embeds = True
 
 
 def _queue_full(full: QueueFullError) -> Exception:

@@ -31,6 +31,7 @@ from sluicegate.cache.store import CacheStore, StoreError
 from sluicegate.engine.protocol import Embedding, Prompt
 from sluicegate.observability.metrics import EMBEDDING_INPUTS, EMBEDDING_STORE_ERRORS
 from sluicegate.observability.throttled import ThrottledWarning
+from sluicegate.offload import offload
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,22 @@ def decode_embedding(data: bytes) -> Embedding:
     count = (len(data) - 4) // 4
     tokens, *vector = struct.unpack(f"<I{count}f", data)
     return Embedding(list(vector), tokens)
+
+
+def _decoded(values: Sequence[bytes | None]) -> list[Embedding | None]:
+    """The values a store holds, decoded one by one (in a thread when they are many:
+    `offload`); what is not an encoded embedding is not found."""
+    found: list[Embedding | None] = []
+    for value in values:
+        try:
+            found.append(None if value is None else decode_embedding(value))
+        except ValueError:
+            found.append(None)
+    return found
+
+
+def _encoded(items: list[tuple[str, Embedding]]) -> list[tuple[str, bytes]]:
+    return [(key, encode_embedding(embedding)) for key, embedding in items]
 
 
 class EmbeddingCache:
@@ -111,13 +128,8 @@ class EmbeddingCache:
         except StoreError as exc:
             self._failed(exc)
             return [None] * len(keys)
-        found: list[Embedding | None] = []
-        for value in values:
-            try:
-                found.append(None if value is None else decode_embedding(value))
-            except ValueError:
-                found.append(None)
-        return found
+        size = sum(len(value) for value in values if value is not None)
+        return await offload.run(size, _decoded, values)
 
     def write(self, items: list[tuple[str, Embedding]]) -> None:
         """Keep what was computed, in the background: the answer does not wait for it."""
@@ -130,7 +142,9 @@ class EmbeddingCache:
     async def _write(self, items: list[tuple[str, Embedding]]) -> None:
         ttl_ms = max(1, int(self._config.ttl_seconds * 1000))
         try:
-            await self.store.set_many([(k, encode_embedding(e)) for k, e in items], ttl_ms)
+            size = 4 * sum(len(e.vector) for _, e in items)
+            encoded = await offload.run(size, _encoded, items)
+            await self.store.set_many(encoded, ttl_ms)
         except StoreError as exc:
             self._failed(exc)
 

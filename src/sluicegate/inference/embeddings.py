@@ -25,6 +25,8 @@ EmbeddingInput = str | list[int]
 class EmbeddingLimits:
     max_inputs: int = 2048
     """Inputs one request may hold."""
+    max_values: int = 4_194_304
+    """Values (inputs × dimensions) one answer may hold: what bounds its size."""
 
 
 class EmbeddingService:
@@ -51,6 +53,8 @@ class EmbeddingService:
                 f"At most {self._limits.max_inputs} inputs are accepted; {len(inputs)} were sent.",
                 param="input",
             )
+        if request.dimensions is not None:
+            self._check_values(len(inputs), request.dimensions, "dimensions")
         tokenizer = self.engine.tokenizer
         window = self.engine.max_model_len
         for index, item in enumerate(inputs):
@@ -68,6 +72,21 @@ class EmbeddingService:
             elif request.truncate_prompt_tokens is None and len(item) > MAX_TOKEN_CHARS * window:
                 raise _too_long(None, window, where)
         return inputs
+
+    def check_size(self, vectors: Sequence[Sequence[float]]) -> None:
+        """Raise `InvalidRequestError` when the answer would hold more values than it may (the
+        model's own size, when `dimensions` was not sent, is known once it has answered)."""
+        if vectors:
+            self._check_values(len(vectors), len(vectors[0]), "input")
+
+    def _check_values(self, inputs: int, dimensions: int, param: str) -> None:
+        if inputs * dimensions > self._limits.max_values:
+            raise InvalidRequestError(
+                f"This answer would hold {inputs} inputs × {dimensions} dimensions, more than "
+                f"the {self._limits.max_values} values an answer may hold: send fewer inputs "
+                "(or fewer dimensions).",
+                param=param,
+            )
 
     async def prompts(
         self,

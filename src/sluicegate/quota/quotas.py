@@ -26,7 +26,7 @@ from sluicegate.keys import KeyBudget, KeyPolicy
 from sluicegate.observability.metrics import RATE_LIMITED
 from sluicegate.prices import Price
 from sluicegate.quota.budgets import BudgetHold, BudgetKeeper
-from sluicegate.quota.share import SequenceShare
+from sluicegate.quota.share import KeyShare, SequenceShare
 from sluicegate.quota.window import Decision, RateLimit, RateLimiter
 
 Policies = Callable[[str], KeyPolicy | None]
@@ -80,6 +80,8 @@ class Quotas:
     default: RateLimit = field(default_factory=RateLimit)
     overrides: dict[str, RateLimit] = field(default_factory=dict)
     share: SequenceShare = field(default_factory=SequenceShare)
+    embedding_share: KeyShare = field(default_factory=KeyShare)
+    """Each key's inputs being embedded (`/v1/embeddings`, rerank, score): their own share."""
     policies: Policies = no_policies
     """Managed keys' own limits, priority and budget, by key id."""
     budgets: BudgetKeeper | None = None
@@ -101,13 +103,16 @@ class Quotas:
             )
         return self.overrides.get(key_id, self.default)
 
-    async def enter(self, key_id: str, engine_work: bool = True) -> None:
+    async def enter(self, key_id: str, engine_work: bool = True, embeds: bool = False) -> None:
         """Count a request that has just arrived, before anything is done with its body.
 
-        Raises `ConcurrencyLimitError` when it would start `engine_work` and its key holds
-        its whole share already, and `RateLimitError` when the key's requests per minute
-        are used up. Its tokens are reserved later (`reserve`, with `counted`)."""
-        if engine_work:
+        Raises `ConcurrencyLimitError` when it would start `engine_work` (or embed: `embeds`)
+        and its key holds its whole share of it already, and `RateLimitError` when the key's
+        requests per minute are used up. Its tokens are reserved later (`reserve`, with
+        `counted`)."""
+        if embeds:
+            self.embedding_share.check(key_id)
+        elif engine_work:
             self.share.check(key_id)
         decision = await self.limiter.acquire(key_id, self.limit_for(key_id), 0)
         if not decision.allowed:

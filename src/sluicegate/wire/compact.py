@@ -6,6 +6,10 @@ pydantic-core are C and Rust that never let go of it), which would stall the eve
 the first validation error or the request as plain data with each message's content parts
 joined into one text (what `ChatMessage.text()` would give), which the route then validates
 again cheaply: what it costs depends on the number of messages, not of parts.
+
+A request that runs as another API's (`wire.messages.Converted`: Anthropic's Messages) is
+converted here as well, when the route can hand the endpoint the request as it is
+(`convert`): it comes back as the request itself, its turns converted already.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from sluicegate.wire.messages import Converted
 from sluicegate.wire.requests import ChatMessage
 
 
@@ -24,9 +29,11 @@ class CompactBody:
     """The validated request as JSON data, content parts joined; None when invalid."""
     errors: list[dict[str, Any]]
     """The first validation error, located as FastAPI locates them (`("body", ...)`)."""
+    request: BaseModel | None = None
+    """The request converted already (`convert`), for the endpoint as it is; then no `data`."""
 
 
-def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
+def compact_body(model: type[BaseModel], body: bytes, convert: bool = False) -> CompactBody:
     try:
         request = model.model_validate_json(body)
     except ValidationError as exc:
@@ -39,6 +46,8 @@ def compact_body(model: type[BaseModel], body: bytes) -> CompactBody:
             "ctx": {k: str(v) for k, v in ctx.items()},
         }
         return CompactBody(None, [error])
+    if convert and isinstance(request, Converted):
+        return CompactBody(None, [], request.converted())
     data = request.model_dump(mode="json", exclude_unset=True, by_alias=True)
     messages = getattr(request, "messages", None)  # chat completions, /tokenize
     if isinstance(messages, list) and "messages" in data:

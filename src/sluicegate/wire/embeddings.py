@@ -2,7 +2,8 @@
 
 `input` is a string, a list of strings, a list of token ids, or a list of such lists; the
 answer lists one embedding per input, in order, as floats or as base64 (the vector's float32
-values, little-endian, as OpenAI's SDKs decode it).
+values, little-endian, as OpenAI's SDKs decode it). It is written a vector at a time
+(`embeddings_json`), so that a thread writing megabytes of it lets the event loop in between.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import struct
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import Field, field_validator
 
 from sluicegate.wire.requests import INT32_MAX, RequestModel
@@ -61,15 +63,17 @@ def encoded(vector: Sequence[float], encoding: str) -> list[float] | str:
     return list(vector)
 
 
-def embeddings_body(
+def embeddings_json(
     model: str, vectors: Sequence[Sequence[float]], prompt_tokens: int, encoding: str
-) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
+) -> bytes:
+    """The answer as JSON: `object`, `data` (each vector as `encoding` asks), `model`,
+    `usage`. Each vector is one short call, none of them the whole answer."""
+    data = b",".join(
+        orjson.dumps(
             {"object": "embedding", "index": index, "embedding": encoded(vector, encoding)}
-            for index, vector in enumerate(vectors)
-        ],
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+        )
+        for index, vector in enumerate(vectors)
+    )
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    rest = orjson.dumps({"model": model, "usage": usage})
+    return b'{"object":"list","data":[' + data + b"]," + rest[1:]

@@ -10,16 +10,25 @@ refuses comes back naming the Messages parameter (`param_for`).
 What this server cannot do is refused here, by name: images and documents (its models take
 text only), extended thinking, server tools (web search, code execution), MCP servers.
 Unknown fields are ignored, as vLLM's server ignores them.
+
+A turn holds at most `MAX_CONTENT_BLOCKS` blocks (a 400 past it). A body large enough to be
+parsed in the worker process (`api.route.LargeBodyRoute`) is converted there too
+(`Converted.converted`): what comes back to the event loop is the chat request's turns, one
+string of content each, not the blocks.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from sluicegate.wire.requests import MAX_MESSAGES, _Model
+
+MAX_CONTENT_BLOCKS = 1024
+"""The most content blocks one turn may hold (a 400 past it). Each block is converted one by
+one; this bounds the blocks of a turn whatever the body's size."""
 
 TEXT_ONLY = (
     "This model takes text only: {kind} blocks are not supported (send the text of the "
@@ -42,6 +51,16 @@ class ContentBlock(_Model):
 class Message(_Model):
     role: Literal["user", "assistant"]
     content: str | list[ContentBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_CONTENT_BLOCKS:
+            raise ValueError(
+                f"a turn holds at most {MAX_CONTENT_BLOCKS} content blocks; this one has "
+                f"{len(value)} (merge its text blocks, or split it into turns)"
+            )
+        return value
 
     def blocks(self) -> list[dict[str, Any]]:
         """The content as blocks (a string is one text block)."""
@@ -104,7 +123,46 @@ class Thinking(_Model):
     budget_tokens: int | None = None
 
 
-class MessagesRequest(_Model):
+class UnsupportedBlockError(ValueError):
+    """A content block this server cannot take; `param` says where it is."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Converted(_Model):
+    """A request that runs as a chat request: its `chat_body`, converted on first use or
+    already, in the worker process that parsed the body (`converted`)."""
+
+    _chat: dict[str, Any] | tuple[str, str] | None = PrivateAttr(default=None)
+    """The chat body, or what the conversion refused (message, param)."""
+
+    def convert(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat request's body; raises `UnsupportedBlockError`."""
+        if self._chat is None:
+            return self.convert()
+        if isinstance(self._chat, tuple):
+            raise UnsupportedBlockError(*self._chat)
+        return self._chat
+
+    def converted(self) -> Self:
+        """This request with its conversion done and its turns let go: what a worker process
+        sends back, small to pickle (the chat turns are one string each)."""
+        chat: dict[str, Any] | tuple[str, str]
+        try:
+            chat = self.convert()
+        except UnsupportedBlockError as exc:
+            chat = (str(exc), exc.param)
+        light = self.model_copy(update={"messages": []})
+        light._chat = chat
+        return light
+
+
+class MessagesRequest(Converted):
     model: str = Field(min_length=1)
     max_tokens: int = Field(ge=1, le=2**63 - 1)
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -131,8 +189,11 @@ class MessagesRequest(_Model):
     def chat_messages(self) -> list[dict[str, Any]]:
         return chat_messages(self.messages, self.system)
 
+    def convert(self) -> dict[str, Any]:
+        return chat_body(self)
 
-class CountTokensRequest(_Model):
+
+class CountTokensRequest(Converted):
     """`POST /v1/messages/count_tokens`: a Messages request without what only generation
     takes (`max_tokens` and the sampling parameters, which are ignored when given)."""
 
@@ -142,13 +203,12 @@ class CountTokensRequest(_Model):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
 
-
-class UnsupportedBlockError(ValueError):
-    """A content block this server cannot take; `param` says where it is."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+    def convert(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": chat_messages(self.messages, self.system),
+            **tool_fields(self.tools, self.tool_choice),
+        }
 
 
 def chat_body(request: MessagesRequest) -> dict[str, Any]:

@@ -9,6 +9,7 @@ computes it for embedding models.
 from __future__ import annotations
 
 import math
+import operator
 import time
 import uuid
 from collections.abc import Sequence
@@ -88,10 +89,28 @@ def _listed(side: str | list[str] | None) -> list[str]:
     return [side] if isinstance(side, str) else list(side)
 
 
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
+def cosines(
+    left: Sequence[Sequence[float]],
+    right: Sequence[Sequence[float]],
+    pairs: Sequence[tuple[int, int]],
+) -> list[float]:
+    """The cosine similarity of `left[i]` and `right[j]` for each pair `(i, j)`. Each vector's
+    norm is taken once, however many pairs it is in; each product is a short call, so a thread
+    computing them lets the event loop in between (`offload`)."""
+    left_norms = [_norm(v) for v in left]
+    right_norms = [_norm(v) for v in right]
+    scores = []
+    for i, j in pairs:
+        a, b = left[i], right[j]
+        if len(a) != len(b):
+            raise ValueError("vectors of different sizes")
+        norm = left_norms[i] * right_norms[j]
+        scores.append(sum(map(operator.mul, a, b)) / norm if norm else 0.0)
+    return scores
+
+
+def _norm(vector: Sequence[float]) -> float:
+    return math.sqrt(sum(map(operator.mul, vector, vector)))
 
 
 def _usage(tokens: int) -> dict[str, int]:

@@ -101,8 +101,8 @@ def test_the_endpoints_that_take_only_body_request_and_state_are_called_directly
         "/v1/score": True,
     }
     assert _direct(messages.router) == {"/v1/messages": True}
+    assert _direct(messages.counting) == {"/v1/messages/count_tokens": True}
     # Dependencies of their own (the permitted models, the key id): FastAPI's handler.
-    assert not any(_direct(messages.counting).values())
     assert not any(_direct(tokenize.router).values())
     assert not any(_direct(responses.router).values())
 

@@ -12,8 +12,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from sluicegate.counters import LocalTally
+from sluicegate.errors import ConcurrencyLimitError, InvalidRequestError
 from sluicegate.keys import key_id
-from sluicegate.quota.share import RANK_SPAN
+from sluicegate.quota.share import RANK_SPAN, KeyShare, SequenceShare
+from sluicegate.settings import Settings
+from sluicegate.wiring import embedding_share
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 KEY_A, KEY_B = "sk-share-a", "sk-share-b"
@@ -232,3 +236,34 @@ def test_first_come_first_served_refuses_a_priority_as_vllms_server_does() -> No
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "priority"
     assert len(engine.requests) == 1
+
+
+def test_embedding_inputs_are_a_share_of_their_own_on_the_same_tally() -> None:
+    tally = LocalTally()
+    sequences = SequenceShare(per_key=2, tally=tally)
+    inputs = KeyShare(per_key=3, tally=tally)
+    assert sequences.take("key-a", 2, "n") == 0
+    assert inputs.take_some("key-a", 3, "input") == 0  # not held back by the sequences
+    with pytest.raises(ConcurrencyLimitError, match="3 inputs being embedded in flight"):
+        inputs.check("key-a")
+    inputs.check("key-b")
+    with pytest.raises(InvalidRequestError, match="at most 3 in flight") as larger:
+        inputs.take_some("key-b", 4, "input")
+    assert larger.value.param == "input"
+    inputs.give_back("key-a", 3)
+    assert inputs.in_flight("key-a") == 0 and sequences.in_flight("key-a") == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "per_key"),
+    [
+        ({}, None),
+        ({"api_keys": KEYS}, 4096),
+        ({"api_keys": KEYS, "max_embedding_inputs_per_key": 10}, 10),
+    ],
+)
+def test_the_embedding_share_is_4096_inputs_with_keys_unless_set(
+    settings: dict[str, object], per_key: int | None
+) -> None:
+    config = Settings(_env_file=None, **settings)  # type: ignore[arg-type]
+    assert embedding_share(config).per_key == per_key
