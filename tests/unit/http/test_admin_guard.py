@@ -46,6 +46,7 @@ def url() -> Iterator[str]:
         api_keys=USER,
         admin_api_keys=ADMIN,
         allow_runtime_lora=True,
+        lora_roots="/adapters",
         request_body_timeout=BODY_WAIT_S,
         admin_requests_per_minute=1000,
     )
@@ -93,7 +94,12 @@ def test_a_caller_without_an_admin_key_is_refused_before_its_body_is_read(
 
 
 def test_admin_keys_alone_refuse_anonymous_admin_calls_before_the_body() -> None:
-    app = fake_app(admin_api_keys=ADMIN, allow_runtime_lora=True, request_body_timeout=BODY_WAIT_S)
+    app = fake_app(
+        admin_api_keys=ADMIN,
+        allow_runtime_lora=True,
+        lora_roots="/adapters",
+        request_body_timeout=BODY_WAIT_S,
+    )
     with serve_in_thread(app) as url:
         status, body = answer_without_the_body(url, "POST", LOAD, {})
         assert status == 401, body
@@ -155,6 +161,7 @@ def test_admin_calls_are_counted_in_a_limit_of_their_own() -> None:
         api_keys=USER,
         admin_api_keys=ADMIN,
         allow_runtime_lora=True,
+        lora_roots="/adapters",
         admin_requests_per_minute=2,
         rate_limit_requests_per_minute=1000,
     )
