@@ -20,9 +20,10 @@ applied (out of the API's bounds: written around it) is skipped, with an ERROR a
 reload that finds no key at all in Redis while the copy has some, and no deletion in the
 change log since the copy was read, is lost data, not a revocation of every key (a Redis
 restarted without persistence, a failover, an eviction): the copy is kept, with an ERROR and
-`sluicegate_managed_keys_store_lost_total`, until Redis holds keys again (docs/keys.md says
-how to restore them). Nothing else stops the follower: an unexpected error is logged and
-counted, and the keys are reloaded whole.
+`sluicegate_managed_keys_store_lost_total`, until Redis holds keys again: restored from a
+backup of Redis, or written back from the copy by `restore` (`POST /admin/keys/restore`).
+Nothing else stops the follower: an unexpected error is logged and counted, and the keys are
+reloaded whole.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
-from sluicegate.errors import NotFoundError, StoreUnavailableError
+from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
 from sluicegate.keys import KeyPolicy, digest_of, key_id
 from sluicegate.observability.metrics import (
     MANAGED_KEY_RECORDS_SKIPPED,
@@ -113,6 +114,8 @@ class KeyStore:
         """The last change read from the log; None: reload whole."""
         self._seen = (0, 0)
         """The newest change of the log the copy has read (kept over a failure to read)."""
+        self._kept = False
+        """Whether the last reload found Redis without the copy's keys, and kept them."""
         self._changed_here: dict[str, KeyRecord | None] | None = None
         """During a reload: the changes made through this process meanwhile."""
         self._reloaded = 0.0
@@ -197,7 +200,8 @@ class KeyStore:
                 if i % _PARSE_CHUNK == _PARSE_CHUNK - 1:
                     await asyncio.sleep(0)
             newest_id = _entry_id(newest[0][0]) if newest else None
-            if not raw and self._by_id and (newest_id is None or newest_id <= self._seen):
+            self._kept = not raw and bool(self._by_id) and (newest_id or (0, 0)) <= self._seen
+            if self._kept:
                 self._lost()
             else:
                 self._by_id, self._by_digest, self._policies = {}, {}, {}
@@ -220,7 +224,7 @@ class KeyStore:
             "managed keys: redis holds none of the %d keys this process knows, and its change "
             "log does not say they were deleted: taken as lost data (a redis restarted without "
             "persistence, a failover, an eviction). This process keeps its copy until redis "
-            "holds keys again: restore them (docs/keys.md, when redis loses the keys)",
+            "holds keys again: restore them (POST /admin/keys/restore; docs/keys.md)",
             len(self._by_id),
         )
 
@@ -289,6 +293,22 @@ class KeyStore:
                 self._changed(new.id, new)
                 return new, secret
         raise StoreUnavailableError("No free key id was found; retry.")
+
+    async def restore(self) -> list[KeyRecord]:
+        """Write back the keys this process kept when Redis lost them (`_lost`), each as it
+        was (id, digest, settings) and through the change log, so every replica learns of
+        it; one Redis has meanwhile is left. The keys written."""
+        if not self._kept:
+            raise InvalidRequestError(
+                "Nothing to restore: this process's last reload found its keys in the key "
+                "store (Redis). Only a process that kept its keys when Redis lost them "
+                "restores them (docs/keys.md)."
+            )
+        restored = []
+        for record in list(self._by_id.values()):
+            if await self._run("create", record.id, record.dumps()) == 1:
+                restored.append(record)
+        return sorted(restored, key=lambda r: (r.created_at, r.id))
 
     async def get(self, key: str) -> KeyRecord:
         raw = await self._call(self._client.hget(self._hash, key))

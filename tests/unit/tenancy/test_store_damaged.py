@@ -96,22 +96,35 @@ def test_a_process_starts_beside_a_record_it_cannot_apply(
     assert "cannot be applied" in caplog.text
 
 
-def test_keys_outlive_a_redis_restarted_empty(
+def test_keys_outlive_a_redis_restarted_empty_and_are_restored_from_a_copy(
     prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis without persistence restarts with no key: every process keeps its copy (an empty
-    hash is lost data, not every key revoked), logs it, and counts it."""
-    caplog.set_level(logging.ERROR)
+    hash is lost data, not every key revoked), logs it, counts it, and can write it back."""
+    caplog.set_level(logging.WARNING)
     with (
         running_redis(tmp_path) as server,
         serve_in_thread(replica(prefix, server.url)) as url,
     ):
-        keys = [create_key(url, name=f"kept-{i}", rpm=1000)["key"] for i in range(3)]
+        made = [create_key(url, name=f"kept-{i}", rpm=1000) for i in range(3)]
+        refused = httpx.post(f"{url}/admin/keys/restore", headers=auth(ADMIN))
+        assert refused.status_code == 400  # nothing is lost
         lost = local_value(LOST)
         server.kill()
+        while "managed keys: redis does not answer" not in caplog.text:
+            time.sleep(0.05)  # the follower's read fails: it reloads whole once redis answers
         server.start()  # the same port, nothing in it
         while local_value(LOST) == lost:
-            time.sleep(0.05)  # the reload after the failure to read; pytest's timeout bounds it
-        for key in keys:
-            assert chat(url, key).status_code == 200
+            time.sleep(0.05)  # that reload (pytest's timeout bounds one that never comes)
+        for key in made:
+            assert chat(url, key["key"]).status_code == 200
         assert "taken as lost data" in caplog.text
+        # Written back from the copy: in Redis again, for every replica, a new one too.
+        restored = httpx.post(f"{url}/admin/keys/restore", headers=auth(ADMIN))
+        assert restored.status_code == 200
+        assert sorted(k["id"] for k in restored.json()["data"]) == sorted(k["id"] for k in made)
+        assert all("key" not in k for k in restored.json()["data"])  # no secret, ever
+        assert made[0]["key"] not in restored.text
+        with serve_in_thread(replica(prefix, server.url)) as other:
+            for key in made:
+                assert chat(other, key["key"]).status_code == 200
