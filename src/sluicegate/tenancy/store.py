@@ -194,9 +194,12 @@ class KeyStore:
             async with asyncio.timeout(self._op_timeout):
                 newest: Any = await self._client.xrevrange(self._log, count=1)
                 raw: dict[Any, Any] = await self._client.hgetall(self._hash)
-            records = []
+            loaded = []
             for i, (name, value) in enumerate(raw.items()):
-                records.append(self._readable(_text(name), value))
+                record = self._readable(_text(name), value)
+                applied = None if record is None else self._applicable(record.id, record)
+                if applied is not None:
+                    loaded.append(applied)
                 if i % _PARSE_CHUNK == _PARSE_CHUNK - 1:
                     await asyncio.sleep(0)
             newest_id = _entry_id(newest[0][0]) if newest else None
@@ -205,9 +208,8 @@ class KeyStore:
                 self._lost()
             else:
                 self._by_id, self._by_digest, self._policies = {}, {}, {}
-                for record in records:
-                    if record is not None:
-                        self._apply(record.id, record)
+                for applied in loaded:
+                    self._set(applied[0].id, applied)
                 for changed, record in self._changed_here.items():
                     self._apply(changed, record)
         finally:
@@ -247,21 +249,25 @@ class KeyStore:
     def _apply(self, changed: str, record: KeyRecord | None) -> None:
         """`changed` is now `record` (None: gone). A record whose settings cannot be applied
         is skipped: the key is refused here, as one whose record is gone."""
-        policy = None
-        if record is not None:
-            try:
-                policy = record.policy()
-            except Exception as exc:  # whatever is in Redis: not written by this code
-                self._skipped(changed, _reason(exc))
-                record = None
+        self._set(changed, None if record is None else self._applicable(changed, record))
+
+    def _applicable(self, key: str, record: KeyRecord) -> tuple[KeyRecord, KeyPolicy] | None:
+        """The record and its policy, or None (skipped) when it cannot be applied."""
+        try:
+            return record, record.policy()
+        except Exception as exc:  # whatever is in Redis: not written by this code
+            self._skipped(key, _reason(exc))
+            return None
+
+    def _set(self, changed: str, applied: tuple[KeyRecord, KeyPolicy] | None) -> None:
         old = self._by_id.pop(changed, None)
         if old is not None:
             self._by_digest.pop(old.digest, None)
             self._policies.pop(changed, None)
-        if record is not None and policy is not None:
+        if applied is not None:
+            record, self._policies[changed] = applied
             self._by_id[changed] = record
             self._by_digest[record.digest] = record
-            self._policies[changed] = policy
         MANAGED_KEYS.set(len(self._by_id))
 
     def _readable(self, key: str, raw: bytes | str) -> KeyRecord | None:
