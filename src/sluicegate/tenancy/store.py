@@ -317,11 +317,15 @@ class KeyStore:
         return sorted(restored, key=lambda r: (r.created_at, r.id))
 
     async def get(self, key: str) -> KeyRecord:
+        return (await self._read(key))[0]
+
+    async def _read(self, key: str) -> tuple[KeyRecord, bytes]:
+        """The key's record, and as Redis holds it (what an update compares and sets)."""
         raw = await self._call(self._client.hget(self._hash, key))
         record = None if raw is None else _parsed(raw)
         if record is None:
             raise NotFoundError(f"No managed key has the id `{key}`.", param="id")
-        return record
+        return record, raw
 
     async def list(self) -> list[KeyRecord]:
         raw: dict[bytes, bytes] = await self._call(self._client.hgetall(self._hash))
@@ -330,9 +334,11 @@ class KeyStore:
 
     async def update(self, key: str, changes: KeySettings) -> KeyRecord:
         for _ in range(8):
-            old = await self.get(key)
+            # Compared with the bytes read, not the record dumped again: one written otherwise
+            # (by hand, to be fixed by this update) would never match.
+            old, raw = await self._read(key)
             new = old.changed(changes, int(self._clock()))
-            written = await self._run("update", key, new.dumps(), old.dumps())
+            written = await self._run("update", key, new.dumps(), raw)
             if written == 1:
                 self._changed(key, new)
                 return new

@@ -4,6 +4,7 @@ of the real app (a fake engine each) and a real Redis."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -94,6 +95,27 @@ def test_a_process_starts_beside_a_record_it_cannot_apply(
             assert chat(url, PLANTED).status_code == 401
         assert local_value(SKIPPED) > skipped, settings
     assert "cannot be applied" in caplog.text
+
+
+def test_a_record_written_by_hand_out_of_bounds_is_fixed_by_a_patch(prefix: str) -> None:
+    """The update compares and sets what Redis holds, as written: a record's JSON dumped
+    again differs from one written by hand, and every PATCH of it once answered 503."""
+    digest = digest_of(PLANTED)
+    now = int(time.time())
+    settings = {"tpm": 1e300, "name": "by hand"}
+    record = {"id": key_id(digest), "digest": digest.hex(), "settings": settings,
+              "created_at": now, "updated_at": now}  # fmt: skip
+    client = redis.Redis.from_url(shared_redis_url())
+    client.hset(f"{prefix}:keys", key_id(digest), json.dumps(record, indent=1))
+    client.close()
+    with serve_in_thread(replica(prefix)) as url:
+        assert chat(url, PLANTED).status_code == 401
+        fixed = httpx.patch(
+            f"{url}/admin/keys/{key_id(digest)}", json={"tpm": 100000}, headers=auth(ADMIN)
+        )
+        assert fixed.status_code == 200, fixed.text
+        assert fixed.json()["tpm"] == 100000 and fixed.json()["name"] == "by hand"
+        assert chat(url, PLANTED).status_code == 200
 
 
 def test_keys_outlive_a_redis_restarted_empty_and_are_restored_from_a_copy(
