@@ -6,7 +6,10 @@ own time limit passes into a `TimeoutError` (Python 3.11's `asyncio.wait_for` is
 makes it a failed round to the loops here, which catch that and go on. The task is then
 cancelled again until it ends. Seen in a CI run: a worker's shutdown waited for good on the
 cache's invalidation listener, which had gone back to its retry sleep while cancelled; its
-supervisor was killed after a minute and the worker was left running."""
+supervisor was killed after a minute and the worker was left running.
+
+A task that ends by an exception is a loop that stopped for good (the loops here catch what
+they expect): that is logged as an ERROR, never silent."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Background:
 
     def start(self, work: Coroutine[Any, Any, None]) -> None:
         self._task = asyncio.get_running_loop().create_task(work)
+        self._task.add_done_callback(_ended)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -39,3 +43,8 @@ class Background:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.error("%s stopped for good", task.get_name(), exc_info=exc)

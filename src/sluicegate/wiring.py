@@ -76,6 +76,7 @@ from sluicegate.quota.share import KeyShare, SequenceShare
 from sluicegate.quota.window import RateLimit, RateLimiter
 from sluicegate.settings import Settings
 from sluicegate.tenancy.ledger import UsageLedger
+from sluicegate.tenancy.price_memo import PriceMemo
 from sluicegate.tenancy.store import KeyStore
 from sluicegate.tenancy.usage import UsageReader
 from sluicegate.wire.embeddings import MAX_INPUTS
@@ -442,7 +443,7 @@ def open_ledger(
     return UsageLedger(
         client,
         settings.redis_key_prefix,
-        price_of=models.price_of,
+        price_of=PriceMemo(models.price_of).price,
         flush_interval=settings.usage_flush_interval,
         retention_days=settings.usage_retention_days,
         give_up_after=settings.usage_give_up_seconds,

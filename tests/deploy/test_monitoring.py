@@ -40,7 +40,7 @@ def test_prometheus_config_passes_promtool() -> None:
 
 
 def test_alert_rules_pass_promtool() -> None:
-    assert "SUCCESS: 7 rules found" in promtool("check", "rules", "alerts.yml")
+    assert "SUCCESS: 9 rules found" in promtool("check", "rules", "alerts.yml")
 
 
 def test_alert_rules_pass_their_unit_tests() -> None:
@@ -57,6 +57,8 @@ def test_alerts_cover_what_ops_page_on_each_with_a_duration_and_severity() -> No
         "SluicegateCacheHitRatioDrop",
         "SluicegateKvCacheAlmostFull",
         "SluicegateWaitingQueueGrowing",
+        "SluicegateManagedKeysLost",
+        "SluicegateManagedKeyRecordsSkipped",
     }
     for name, rule in rules.items():
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name

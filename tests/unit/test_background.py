@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 
 import pytest
 
@@ -50,3 +52,20 @@ async def test_a_task_that_swallows_its_cancellation_is_cancelled_again(
         await background.stop()
     assert rounds == 2
     assert "went on after it was cancelled" in caplog.text
+
+
+async def test_a_task_that_ends_by_an_exception_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A loop that stops for good is an ERROR, not a silence (a key follower that died so left
+    every revocation unapplied)."""
+
+    async def work() -> None:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    background = Background()
+    background.start(work())
+    with caplog.at_level(logging.ERROR, logger="sluicegate.background"):
+        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the task ends, then its done callback runs
+    assert "stopped for good" in caplog.text and "OverflowError" in caplog.text
+    with contextlib.suppress(OverflowError):
+        await background.stop()

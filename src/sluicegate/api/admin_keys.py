@@ -4,6 +4,7 @@
 `POST` answers the new key's secret once, in `key`; nothing else ever shows it. The keys of
 the settings (`API_KEYS`, `ADMIN_API_KEYS`) are listed beside the managed ones, read-only.
 Without `MANAGED_KEYS` these routes answer 404; with Redis down, 503 `store_unavailable`.
+`POST /admin/keys/restore` writes back the keys this process kept when Redis lost them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ async def list_keys(state: StateDep) -> dict[str, Any]:
     ring = state.static_keys
     static = [static_view(key_id(d), d in ring.admin) for d in ring.digests]
     return {"object": "list", "data": static + managed}
+
+
+@router.post("/keys/restore")
+async def restore_keys(state: StateDep) -> dict[str, Any]:
+    """The keys this process kept when Redis lost them, written back (`KeyStore.restore`)."""
+    restored = await _store(state).restore()
+    return {"object": "list", "data": [record.view() for record in restored]}
 
 
 @router.get("/keys/{key}")

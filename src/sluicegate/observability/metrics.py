@@ -472,3 +472,19 @@ MANAGED_KEYS = Gauge(
     "Managed API keys this process knows (its copy of the key store).",
     multiprocess_mode="max",
 )
+MANAGED_KEY_RECORDS_SKIPPED = Counter(
+    "sluicegate_managed_key_records_skipped_total",
+    "Managed key records read from Redis that could not be applied (unreadable, or out of the "
+    "admin API's bounds: written around it) and were skipped: the key is refused here.",
+)
+MANAGED_KEYS_STORE_LOST = Counter(
+    "sluicegate_managed_keys_store_lost_total",
+    "Reloads that found no managed key in Redis while this process knew some, and no deletion "
+    "logged: taken as lost data (a Redis restarted empty, a failover, an eviction), the "
+    "process's copy kept.",
+)
+MANAGED_KEYS_SYNC_ERRORS = Counter(
+    "sluicegate_managed_keys_sync_errors_total",
+    "Unexpected errors while following the managed keys (not Redis failures): logged, and the "
+    "keys reloaded whole.",
+)

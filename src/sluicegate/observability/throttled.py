@@ -18,19 +18,28 @@ class ThrottledWarning:
         logger: logging.Logger,
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        level: int = logging.WARNING,
     ) -> None:
         self._logger = logger
+        self._level = level
         self._interval = interval
         self._clock = clock
         self._last = -math.inf
         self._suppressed = 0
 
-    def warn(self, message: str, *args: object) -> None:
-        """Log `message % args` unless a line went out less than `interval` ago."""
+    def warn(self, message: str, *args: object, exc_info: bool = False) -> None:
+        """Log `message % args` (at `level`; with the exception being handled: `exc_info`)
+        unless a line went out less than `interval` ago."""
         now = self._clock()
         if now - self._last < self._interval:
             self._suppressed += 1
             return
-        self._logger.warning(message + " (%d more since the last warning)", *args, self._suppressed)
+        self._logger.log(
+            self._level,
+            message + " (%d more since the last warning)",
+            *args,
+            self._suppressed,
+            exc_info=exc_info,
+        )
         self._last = now
         self._suppressed = 0

@@ -75,7 +75,6 @@ def day_of(unix: float) -> str:
 
 
 _DAY_SECONDS = 86400
-_UNKNOWN = Price(-1.0, -1.0)
 
 
 Totals = dict[tuple[int, str, str], list[int]]
@@ -104,8 +103,8 @@ class UsageLedger:
         self._client = client
         self._prefix = prefix
         self._price_of = price_of
-        self._prices: dict[str, Price | None] = {}
-        """Each model's price, asked of `price_of` once."""
+        """A model's price, asked at each request (`PriceMemo` keeps the registry's answers
+        a while): a price that comes later is counted from then on."""
         self._flush_interval = flush_interval
         self._retention = retention_days * 86400
         self._give_up_after = give_up_after
@@ -138,9 +137,7 @@ class UsageLedger:
         totals[2] += output_tokens
         totals[3] += cached
         totals[4] += error
-        price = self._prices.get(model, _UNKNOWN) if model else None
-        if price is _UNKNOWN:
-            price = self._prices[model] = self._price_of(model)
+        price = self._price_of(model) if model else None
         if price is not None:
             totals[5] += price.cost(input_tokens, output_tokens)
 

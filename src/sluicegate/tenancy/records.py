@@ -5,13 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from sluicegate.keys import KeyBudget, KeyPolicy
 from sluicegate.prices import nanos
-from sluicegate.wire.admin_keys import KeySettings
+from sluicegate.wire.admin_keys import (
+    FIRST_SECOND,
+    LAST_SECOND,
+    Amount,
+    BudgetSpec,
+    KeySettings,
+    ModelName,
+    Priority,
+)
 
 SETTINGS = ("name", "models", "rpm", "tpm", "priority", "budget", "expires_at", "metadata")
 
@@ -58,15 +67,16 @@ class KeyRecord:
         )
 
     def policy(self) -> KeyPolicy:
-        s = self.settings
-        models = s.get("models")
+        """The settings the request path applies. Raises `ValueError` when they are out of
+        the API's bounds (a record written around it, by hand or by an older version)."""
+        s = _Applied.model_validate(self.settings)
         return KeyPolicy(
-            requests_per_minute=s.get("rpm"),
-            tokens_per_minute=s.get("tpm"),
-            priority=s.get("priority"),
-            models=None if models is None else frozenset(models),
-            budget=_budget(s.get("budget")),
-            expires_at=s.get("expires_at"),
+            requests_per_minute=s.rpm,
+            tokens_per_minute=s.tpm,
+            priority=s.priority,
+            models=None if s.models is None else frozenset(s.models),
+            budget=_budget(s.budget),
+            expires_at=s.expires_at,
         )
 
     def view(self) -> dict[str, Any]:
@@ -108,9 +118,23 @@ def stored(settings: KeySettings, only_set: bool = False) -> dict[str, Any]:
     return data
 
 
-def _budget(spec: dict[str, Any] | None) -> KeyBudget | None:
+class _Applied(BaseModel):
+    """The stored settings the request path applies, held to the API's bounds (`KeySettings`'
+    types); fields it does not apply, or does not know (a newer version's), are left."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    rpm: Amount | None = None
+    tpm: Amount | None = None
+    priority: Priority | None = None
+    models: list[ModelName] | None = None
+    budget: BudgetSpec | None = None
+    expires_at: Annotated[float, Field(ge=FIRST_SECOND, le=LAST_SECOND)] | None = None
+
+
+def _budget(spec: BudgetSpec | None) -> KeyBudget | None:
     if spec is None:
         return None
-    if spec.get("tokens") is not None:
-        return KeyBudget(int(spec["tokens"]), "tokens", spec["period"])
-    return KeyBudget(nanos(float(spec["cost"])), "cost", spec["period"])
+    if spec.tokens is not None:
+        return KeyBudget(spec.tokens, "tokens", spec.period)
+    assert spec.cost is not None  # one of the two: `BudgetSpec`
+    return KeyBudget(nanos(spec.cost), "cost", spec.period)

@@ -13,6 +13,17 @@ through this process is applied to its copy at once.
 
 While Redis does not answer, the copy stays as it was: known keys keep working with their
 last settings, and creating or changing a key answers 503 `store_unavailable`.
+
+What Redis holds is checked, never trusted to be whole. A record that cannot be read or
+applied (out of the API's bounds: written around it) is skipped, with an ERROR and
+`sluicegate_managed_key_records_skipped_total`; that key is refused, the others are not. A
+reload that finds no key at all in Redis while the copy has some, and no deletion in the
+change log since the copy was read, is lost data, not a revocation of every key (a Redis
+restarted without persistence, a failover, an eviction): the copy is kept, with an ERROR and
+`sluicegate_managed_keys_store_lost_total`, until Redis holds keys again: restored from a
+backup of Redis, or written back from the copy by `restore` (`POST /admin/keys/restore`).
+Nothing else stops the follower: an unexpected error is logged and counted, and the keys are
+reloaded whole.
 """
 
 from __future__ import annotations
@@ -25,12 +36,18 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis.asyncio
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
-from sluicegate.errors import NotFoundError, StoreUnavailableError
+from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
 from sluicegate.keys import KeyPolicy, digest_of, key_id
-from sluicegate.observability.metrics import MANAGED_KEYS
+from sluicegate.observability.metrics import (
+    MANAGED_KEY_RECORDS_SKIPPED,
+    MANAGED_KEYS,
+    MANAGED_KEYS_STORE_LOST,
+    MANAGED_KEYS_SYNC_ERRORS,
+)
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.tenancy.records import KeyRecord
 from sluicegate.wire.admin_keys import KeySettings
@@ -95,10 +112,16 @@ class KeyStore:
         self._policies: dict[str, KeyPolicy] = {}
         self._last: bytes | None = None
         """The last change read from the log; None: reload whole."""
+        self._seen = (0, 0)
+        """The newest change of the log the copy has read (kept over a failure to read)."""
+        self._kept = False
+        """Whether the last reload found Redis without the copy's keys, and kept them."""
         self._changed_here: dict[str, KeyRecord | None] | None = None
         """During a reload: the changes made through this process meanwhile."""
         self._reloaded = 0.0
         self._warning = ThrottledWarning(logger)
+        self._errors = ThrottledWarning(logger, level=logging.ERROR)
+        self._skips = ThrottledWarning(logger, level=logging.ERROR)
         self._following = Background()
 
     # ---- the request path ------------------------------------------------------------------
@@ -127,6 +150,8 @@ class KeyStore:
             await self._reload()
         except _FAILURES as exc:
             self._warning.warn("managed keys not loaded (%s): they work once redis answers", exc)
+        except Exception:
+            self._failed_unexpectedly()
         self._following.start(self._follow())
 
     async def close(self) -> None:
@@ -149,6 +174,18 @@ class KeyStore:
                     exc,
                     len(self._by_id),
                 )
+            except Exception:
+                self._failed_unexpectedly()
+
+    def _failed_unexpectedly(self) -> None:
+        """A bug, or what Redis holds is not what this code wrote: the follower goes on (a
+        follower that ended would leave revocations unapplied here for good)."""
+        MANAGED_KEYS_SYNC_ERRORS.inc()
+        self._last = None
+        self._errors.warn(
+            "managed keys: following the key store failed; the keys are reloaded whole",
+            exc_info=True,
+        )
 
     async def _reload(self) -> None:
         # What this process changes meanwhile is newer than what the reload read.
@@ -157,21 +194,41 @@ class KeyStore:
             async with asyncio.timeout(self._op_timeout):
                 newest: Any = await self._client.xrevrange(self._log, count=1)
                 raw: dict[Any, Any] = await self._client.hgetall(self._hash)
-            records = []
-            for i, value in enumerate(raw.values()):
-                records.append(_parsed(value))
+            loaded = []
+            for i, (name, value) in enumerate(raw.items()):
+                record = self._readable(_text(name), value)
+                applied = None if record is None else self._applicable(record.id, record)
+                if applied is not None:
+                    loaded.append(applied)
                 if i % _PARSE_CHUNK == _PARSE_CHUNK - 1:
                     await asyncio.sleep(0)
-            self._by_id, self._by_digest, self._policies = {}, {}, {}
-            for record in records:
-                if record is not None:
-                    self._apply(record.id, record)
-            for changed, record in self._changed_here.items():
-                self._apply(changed, record)
+            newest_id = _entry_id(newest[0][0]) if newest else None
+            self._kept = not raw and bool(self._by_id) and (newest_id or (0, 0)) <= self._seen
+            if self._kept:
+                self._lost()
+            else:
+                self._by_id, self._by_digest, self._policies = {}, {}, {}
+                for applied in loaded:
+                    self._set(applied[0].id, applied)
+                for changed, record in self._changed_here.items():
+                    self._apply(changed, record)
         finally:
             self._changed_here = None
         self._last = newest[0][0] if newest else b"0-0"
+        if newest_id is not None:
+            self._seen = newest_id
         self._reloaded = time.monotonic()
+
+    def _lost(self) -> None:
+        """Redis holds no key, the copy has some, and the log says none was deleted."""
+        MANAGED_KEYS_STORE_LOST.inc()
+        logger.error(
+            "managed keys: redis holds none of the %d keys this process knows, and its change "
+            "log does not say they were deleted: taken as lost data (a redis restarted without "
+            "persistence, a failover, an eviction). This process keeps its copy until redis "
+            "holds keys again: restore them (POST /admin/keys/restore; docs/keys.md)",
+            len(self._by_id),
+        )
 
     async def _read_changes(self) -> int:
         """Apply the changes logged since the last read; how many were read."""
@@ -184,20 +241,49 @@ class KeyStore:
             ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
             values: list[Any] = await self._client.hmget(self._hash, ids)
         for changed, value in zip(ids, values, strict=True):
-            self._apply(changed, None if value is None else _parsed(value))
+            self._apply(changed, None if value is None else self._readable(changed, value))
         self._last = entries[-1][0]
+        self._seen = max(self._seen, _entry_id(self._last))
         return len(entries)
 
     def _apply(self, changed: str, record: KeyRecord | None) -> None:
+        """`changed` is now `record` (None: gone). A record whose settings cannot be applied
+        is skipped: the key is refused here, as one whose record is gone."""
+        self._set(changed, None if record is None else self._applicable(changed, record))
+
+    def _applicable(self, key: str, record: KeyRecord) -> tuple[KeyRecord, KeyPolicy] | None:
+        """The record and its policy, or None (skipped) when it cannot be applied."""
+        try:
+            return record, record.policy()
+        except Exception as exc:  # whatever is in Redis: not written by this code
+            self._skipped(key, _reason(exc))
+            return None
+
+    def _set(self, changed: str, applied: tuple[KeyRecord, KeyPolicy] | None) -> None:
         old = self._by_id.pop(changed, None)
         if old is not None:
             self._by_digest.pop(old.digest, None)
             self._policies.pop(changed, None)
-        if record is not None:
+        if applied is not None:
+            record, self._policies[changed] = applied
             self._by_id[changed] = record
             self._by_digest[record.digest] = record
-            self._policies[changed] = record.policy()
         MANAGED_KEYS.set(len(self._by_id))
+
+    def _readable(self, key: str, raw: bytes | str) -> KeyRecord | None:
+        record = _parsed(raw)
+        if record is None:
+            self._skipped(key, "it is not a key record")
+        return record
+
+    def _skipped(self, key: str, why: str) -> None:
+        MANAGED_KEY_RECORDS_SKIPPED.inc()
+        self._skips.warn(
+            "managed keys: the record of the key %s in redis cannot be applied (%s); it is "
+            "skipped, and the key refused here until its record is written again",
+            key,
+            why,
+        )
 
     # ---- the admin API -----------------------------------------------------------------------
 
@@ -214,12 +300,32 @@ class KeyStore:
                 return new, secret
         raise StoreUnavailableError("No free key id was found; retry.")
 
+    async def restore(self) -> list[KeyRecord]:
+        """Write back the keys this process kept when Redis lost them (`_lost`), each as it
+        was (id, digest, settings) and through the change log, so every replica learns of
+        it; one Redis has meanwhile is left. The keys written."""
+        if not self._kept:
+            raise InvalidRequestError(
+                "Nothing to restore: this process's last reload found its keys in the key "
+                "store (Redis). Only a process that kept its keys when Redis lost them "
+                "restores them (docs/keys.md)."
+            )
+        restored = []
+        for record in list(self._by_id.values()):
+            if await self._run("create", record.id, record.dumps()) == 1:
+                restored.append(record)
+        return sorted(restored, key=lambda r: (r.created_at, r.id))
+
     async def get(self, key: str) -> KeyRecord:
+        return (await self._read(key))[0]
+
+    async def _read(self, key: str) -> tuple[KeyRecord, bytes]:
+        """The key's record, and as Redis holds it (what an update compares and sets)."""
         raw = await self._call(self._client.hget(self._hash, key))
         record = None if raw is None else _parsed(raw)
         if record is None:
             raise NotFoundError(f"No managed key has the id `{key}`.", param="id")
-        return record
+        return record, raw
 
     async def list(self) -> list[KeyRecord]:
         raw: dict[bytes, bytes] = await self._call(self._client.hgetall(self._hash))
@@ -228,9 +334,11 @@ class KeyStore:
 
     async def update(self, key: str, changes: KeySettings) -> KeyRecord:
         for _ in range(8):
-            old = await self.get(key)
+            # Compared with the bytes read, not the record dumped again: one written otherwise
+            # (by hand, to be fixed by this update) would never match.
+            old, raw = await self._read(key)
             new = old.changed(changes, int(self._clock()))
-            written = await self._run("update", key, new.dumps(), old.dumps())
+            written = await self._run("update", key, new.dumps(), raw)
             if written == 1:
                 self._changed(key, new)
                 return new
@@ -270,9 +378,24 @@ class KeyStore:
 def _parsed(raw: bytes | str) -> KeyRecord | None:
     try:
         return KeyRecord.loads(raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        logger.error("a managed key record in redis cannot be read (%s); it is ignored", exc)
+    except Exception as exc:  # whatever is in Redis: not written by this code
+        logger.debug("a managed key record in redis cannot be read: %r", exc)
         return None
+
+
+def _reason(exc: Exception) -> str:
+    """What is wrong with a record's settings, in a line (never their values)."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+    return type(exc).__name__
+
+
+def _entry_id(entry: bytes | str) -> tuple[int, int]:
+    """A stream entry's id (`<ms>-<seq>`), as what orders it."""
+    ms, _, seq = _text(entry).partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _text(value: bytes | str) -> str:

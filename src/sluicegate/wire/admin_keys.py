@@ -1,5 +1,7 @@
 """`/admin/keys` bodies: a managed key's settings as an admin sends them, and as the API shows
-them (`key_view`). Unknown fields are refused (a misspelt `budget` must not pass unnoticed)."""
+them (`key_view`). Unknown fields are refused (a misspelt `budget` must not pass unnoticed),
+and every number is bounded (`MAX_AMOUNT`): a value no limit or budget can hold is a 400
+here, not a record that no process can apply."""
 
 from __future__ import annotations
 
@@ -9,12 +11,25 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
+from sluicegate.prices import NANO
+
 KEY_PRIORITY_BOUND = 1000
 """A key's priority is within ± this, as `KEY_PRIORITIES` ranks are."""
 MAX_METADATA_BYTES = 4096
 MAX_MODELS = 256
+MAX_AMOUNT = 2**53
+"""The most a key's `rpm`, `tpm` or token budget may be, and its cost budget in nano-units:
+limits and budgets are counted in Redis's Lua numbers (doubles), exact up to 2^53."""
+MAX_COST = MAX_AMOUNT // NANO
+"""The most a cost budget may be, in units of the prices' currency (9,007,199)."""
+FIRST_SECOND, LAST_SECOND = -62135596800, 253402300799
+"""0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z, a datetime's range, as Unix seconds: the
+expiries a key may have."""
 
 ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+Amount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
+Cost = Annotated[float, Field(gt=0, le=MAX_COST)]
+Priority = Annotated[int, Field(ge=-KEY_PRIORITY_BOUND, le=KEY_PRIORITY_BOUND)]
 
 
 class _Strict(BaseModel):
@@ -24,8 +39,8 @@ class _Strict(BaseModel):
 class BudgetSpec(_Strict):
     """`{"tokens": N, "period": "day"}` or `{"cost": X, "period": "month"}`."""
 
-    tokens: int | None = Field(default=None, ge=1)
-    cost: float | None = Field(default=None, gt=0)
+    tokens: Amount | None = None
+    cost: Cost | None = None
     period: Literal["day", "month"]
 
     @model_validator(mode="after")
@@ -41,9 +56,9 @@ class KeySettings(_Strict):
     name: Annotated[str, Field(max_length=256)] | None = None
     models: Annotated[list[ModelName], Field(max_length=MAX_MODELS)] | None = None
     """The models it may use (others are unknown to it, 404); None: every model."""
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    priority: int | None = Field(default=None, ge=-KEY_PRIORITY_BOUND, le=KEY_PRIORITY_BOUND)
+    rpm: Amount | None = None
+    tpm: Amount | None = None
+    priority: Priority | None = None
     budget: BudgetSpec | None = None
     expires_at: datetime | None = None
     """ISO 8601 (UTC unless it says otherwise) or Unix seconds."""
@@ -52,8 +67,12 @@ class KeySettings(_Strict):
     @field_validator("expires_at")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        if not FIRST_SECOND <= value.timestamp() <= LAST_SECOND:
+            raise ValueError("expires_at must lie within the years 1 to 9999, in UTC")
         return value
 
     @field_validator("metadata")

@@ -70,3 +70,19 @@ async def test_a_write_that_cannot_land_is_retried_then_counted_lost(prefix: str
     assert local_value("sluicegate_usage_lost_total", measure="output_tokens") == lost + 7
     assert await ledger.flush()  # nothing left
     await client.aclose()
+
+
+async def test_a_price_given_after_a_models_first_request_is_counted_from_then_on(
+    prefix: str,
+) -> None:
+    """The ledger once remembered a model without a price as such for good."""
+    client = redis.asyncio.Redis.from_url(shared_redis_url())
+    prices: dict[str, Price] = {}
+    ledger = UsageLedger(client, prefix, price_of=prices.get, clock=lambda: DEC_31)
+    ledger.record("key-a", "late", 1_000_000, 0, cached=0, error=False)
+    prices["late"] = Price(1.0, 0.0)  # an adapter a pool lists later, say
+    ledger.record("key-a", "late", 1_000_000, 0, cached=0, error=False)
+    assert await ledger.flush()
+    totals = (await UsageReader(client, prefix).read(_query()))["totals"]
+    assert totals["input_tokens"] == 2_000_000 and totals["cost"] == 1.0
+    await client.aclose()

@@ -105,6 +105,31 @@ def test_bad_settings_are_refused_with_the_field_named(replicas: tuple[str, str]
     assert missing.status_code == 404
 
 
+def test_numbers_no_limit_or_budget_can_hold_are_refused_and_the_largest_taken(
+    replicas: tuple[str, str],
+) -> None:
+    """A cost budget of 1e300 was once stored, and then no process could apply it."""
+    a, b = replicas
+    created = create_key(a, rpm=2**53, tpm=2**53, budget={"cost": 9007199, "period": "month"})
+    assert created["rpm"] == 2**53 and created["budget"]["cost"] == 9007199
+    until(200, lambda: chat(b, created["key"]))
+    for body, field in (
+        ({"budget": {"cost": 1e300, "period": "month"}}, "cost"),
+        ({"budget": {"cost": 9007200, "period": "month"}}, "cost"),
+        ({"budget": {"tokens": 2**53 + 1, "period": "day"}}, "tokens"),
+        ({"rpm": 1e300}, "rpm"),
+        ({"tpm": 2**53 + 1}, "tpm"),
+    ):
+        for answer in (
+            httpx.post(f"{a}/admin/keys", json=body, headers=auth(ADMIN)),
+            httpx.patch(f"{a}/admin/keys/{created['id']}", json=body, headers=auth(ADMIN)),
+        ):
+            assert answer.status_code == 400, (body, answer.text)
+            error = answer.json()["error"]
+            assert error["type"] == "invalid_request_error" and field in error["message"], body
+    assert chat(b, created["key"]).status_code == 200  # its record still applies everywhere
+
+
 def test_a_key_limited_to_models_finds_no_other(replicas: tuple[str, str]) -> None:
     a, _ = replicas
     secret = create_key(a, models=["another-model"])["key"]
