@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from sluicegate.setting_names import dotenv_file, unknown_settings
 from sluicegate.settings import ENV_PREFIX, Settings, describe_error
 
 if TYPE_CHECKING:
@@ -58,12 +59,27 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load_settings(overrides: dict[str, Any]) -> Settings:
-    """Settings from flags over the environment; exits with a clear message when invalid."""
+    """Settings from flags over the environment; exits with a clear message when invalid,
+    or when a `SLUICEGATE_*` name given is no setting (unless ALLOW_UNKNOWN_SETTINGS)."""
+    unknown = unknown_settings(os.environ, dotenv_file())
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"sluicegate: {describe_error(exc)}", file=sys.stderr)
+        for line in [describe_error(exc), *map(str, unknown)]:
+            print(f"sluicegate: {line}", file=sys.stderr)
         raise SystemExit(2) from None
+    if unknown and not settings.allow_unknown_settings:
+        for name in unknown:
+            print(f"sluicegate: {name}", file=sys.stderr)
+        print(
+            f"sluicegate: unset or correct it ({ENV_PREFIX}ALLOW_UNKNOWN_SETTINGS=true starts "
+            "anyway)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    for name in unknown:
+        print(f"sluicegate: warning: {name}: ignored", file=sys.stderr)
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
