@@ -21,13 +21,14 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
+from sluicegate.deadline import Deadline
 from sluicegate.errors import NotFoundError, StoreUnavailableError
 from sluicegate.keys import KeyPolicy, digest_of, key_id
 from sluicegate.observability.metrics import MANAGED_KEYS
@@ -89,6 +90,8 @@ class KeyStore:
         self._sync_interval = sync_interval
         self._reload_interval = reload_interval
         self._op_timeout = op_timeout
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        self._deadline = Deadline(op_timeout)
         self._clock = clock
         self._by_id: dict[str, KeyRecord] = {}
         self._by_digest: dict[bytes, KeyRecord] = {}
@@ -154,9 +157,7 @@ class KeyStore:
         # What this process changes meanwhile is newer than what the reload read.
         self._changed_here = {}
         try:
-            async with asyncio.timeout(self._op_timeout):
-                newest: Any = await self._client.xrevrange(self._log, count=1)
-                raw: dict[Any, Any] = await self._client.hgetall(self._hash)
+            newest, raw = await self._deadline.run(self._read_all())
             records = []
             for i, value in enumerate(raw.values()):
                 records.append(_parsed(value))
@@ -173,16 +174,19 @@ class KeyStore:
         self._last = newest[0][0] if newest else b"0-0"
         self._reloaded = time.monotonic()
 
+    async def _read_all(self) -> tuple[Any, dict[Any, Any]]:
+        """The log's newest entry, and every record."""
+        newest: Any = await self._client.xrevrange(self._log, count=1)
+        raw: dict[Any, Any] = await self._client.hgetall(self._hash)
+        return newest, raw
+
     async def _read_changes(self) -> int:
         """Apply the changes logged since the last read; how many were read."""
         assert self._last is not None
-        async with asyncio.timeout(self._op_timeout):
-            reply: Any = await self._client.xread({self._log: self._last}, count=_BATCH)
-            if not reply:
-                return 0
-            entries = reply[0][1]
-            ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
-            values: list[Any] = await self._client.hmget(self._hash, ids)
+        read = await self._deadline.run(self._read_logged(self._last))
+        if read is None:
+            return 0
+        entries, ids, values = read
         for changed, value in zip(ids, values, strict=True):
             self._apply(changed, None if value is None else _parsed(value))
         self._last = entries[-1][0]
@@ -256,10 +260,19 @@ class KeyStore:
         )
         return int(reply)
 
+    async def _read_logged(self, last: Any) -> tuple[Any, Sequence[str], Sequence[Any]] | None:
+        """The log's entries after `last`, the ids they name and those ids' records."""
+        reply: Any = await self._client.xread({self._log: last}, count=_BATCH)
+        if not reply:
+            return None
+        entries = reply[0][1]
+        ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
+        values: Sequence[Any] = await self._client.hmget(self._hash, ids)
+        return entries, ids, values
+
     async def _call(self, op: Any) -> Any:
         try:
-            async with asyncio.timeout(self._op_timeout):
-                return await op
+            return await self._deadline.run(op)
         except _FAILURES as exc:
             raise StoreUnavailableError(
                 "The key store (Redis) does not answer: keys cannot be read, created or changed "
