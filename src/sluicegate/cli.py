@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.observability.logs import configure_logging
-    from sluicegate.server import serve
+    from sluicegate.server import PortError, hold_port, serve
     from sluicegate.wiring import uses_local_engine
 
     settings = load_settings(overrides)
@@ -102,17 +102,25 @@ def _serve(overrides: dict[str, Any]) -> int:
         # A local model needs no hub; without this, hub look-ups stall on closed networks.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
+        # First: a port in use stops start-up before a model is prepared or an engine starts.
+        port = hold_port(settings)
+    except PortError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 1
+    try:
         entries = _model_entries(settings)
         _prepare_engine_models(settings, uses_local_engine(entries))
         _check_upstream_install(settings, entries)
+        if settings.workers > 1:
+            from sluicegate.supervisor import supervise
+
+            return supervise(settings, port)
+        return serve(settings, sock=port.sock)
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
-    if settings.workers > 1:
-        from sluicegate.supervisor import supervise
-
-        return supervise(settings)
-    return serve(settings)
+    finally:
+        port.close()
 
 
 def _model_entries(settings: Settings) -> list[ModelEntry]:

@@ -319,6 +319,14 @@ class Settings(BaseSettings):
         "--api-server-count). Above 1 the bounds on requests in flight and per-key shares hold "
         "for all of them, and REDIS_URL is required (see docs/operations.md).",
     )
+    worker_stall_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="With WORKERS above 1: seconds a serving worker's event loop may go "
+        "without a turn (stuck in a call that never yields, or stopped) before the supervisor "
+        "kills it; the other workers then drain and the gateway exits, as when a worker dies "
+        "(docs/operations.md).",
+    )
     shutdown_timeout: float = Field(
         default=30.0,
         ge=0,

@@ -12,6 +12,7 @@ from sluicegate import server
 from sluicegate.cli import main
 from sluicegate.engine import model
 from sluicegate.settings import Settings
+from tests.support.gateway import free_port
 
 UPSTREAM = "http://127.0.0.1:9/v1"
 
@@ -26,6 +27,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     cache = tmp_path / "models"
     monkeypatch.setenv("SLUICEGATE_MODEL_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SLUICEGATE_PORT", str(free_port()))  # `serve` takes it first
     return cache
 
 
@@ -34,7 +36,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
     """The settings `serve` would have run the server with (it runs none)."""
     runs: list[Settings] = []
 
-    def serve(settings: Settings) -> int:
+    def serve(settings: Settings, sock: object = None) -> int:
         runs.append(settings)
         return 0
 
