@@ -143,3 +143,23 @@ async def test_while_the_only_upstreams_breaker_is_open_refusals_say_when_it_ope
     assert 3500 <= int(refused.value.headers["retry-after"]) <= 3600
     assert fake.requests == 1
     await engine.shutdown()
+
+
+async def test_the_refusals_retry_after_reaches_the_client_over_http() -> None:
+    """The same through the real app on loopback: after the upstream's 429 (passed on with its
+    Retry-After), the next request is a 503 in OpenAI's envelope with the time left."""
+    from tests.support.fakes import FAKE_MODEL, fake_app, serve_in_thread
+
+    fake = FakeUpstreamCompletions(429)
+    fake.retry_after = "40"
+    engine = _engine(fake)
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with serve_in_thread(fake_app(engine)) as url:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            limited = await http.post("/v1/chat/completions", json=body)
+            refused = await http.post("/v1/chat/completions", json=body)
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "40"
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "engine_unavailable"
+    assert 30 <= int(refused.headers["retry-after"]) <= 40
+    assert fake.requests == 1
