@@ -34,9 +34,10 @@ logger = logging.getLogger(__name__)
 K = TypeVar("K")
 N = TypeVar("N", int, float)
 
-LOCK_WAIT = 0.005
+LOCK_WAIT = 0.02
 """Seconds the event loop may wait for the shared lock (held for microseconds, unless its
-holder was taken off the CPU) before a change goes to the `Backlog`, or a check is refused."""
+holder was taken off the CPU: this covers one scheduling period of a busy host) before a
+change goes to the `Backlog`, or a check is refused."""
 BACKLOG_WARNING = 2.0
 """Seconds the backlog's thread waits for the lock before it logs that it still waits."""
 
