@@ -76,6 +76,10 @@ class DrainingServer(uvicorn.Server):
         # uvicorn listens on `sockets` once the lifespan has started: a worker still loading
         # takes no connections (the kernel spreads them over listening sockets only).
         await super().startup(sockets)
+        if self.started and sockets is not None and not self.worker:
+            # uvicorn says where it listens only on a socket it bound itself.
+            host, port = self.config.host, self.config.port
+            logger.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
         if self.started and self.on_serving is not None:
             self.on_serving()
 
