@@ -277,6 +277,8 @@ def _port_lock(port: int) -> socket.socket | None:
             f"port {port} is taken by another sluicegate gateway on this host (in this "
             "network namespace): stop it, or set SLUICEGATE_PORT"
         ) from None
+    # A process forked from this one (an engine core) must not hold the lock on past it.
+    os.register_at_fork(after_in_child=lock.close)
     return lock
 
 

@@ -415,3 +415,30 @@ def test_a_gateways_port_is_free_again_once_it_is_let_go() -> None:
     worker.close()
     first.close()
     hold_port(settings).close()
+
+
+def test_a_process_forked_from_a_gateway_does_not_keep_its_port_lock() -> None:
+    """An engine core forked from the gateway would otherwise hold the lock on after the
+    gateway ended, and its restart would find the port taken."""
+    import multiprocessing
+
+    from sluicegate.server import hold_port
+
+    settings = Settings(port=free_port(), _env_file=None)  # type: ignore[call-arg]
+    held = hold_port(settings)
+    context = multiprocessing.get_context("fork")
+    running = context.Event()
+    child = context.Process(target=_run_then_sleep, args=(running,))
+    child.start()
+    try:
+        assert running.wait(30)
+        held.close()
+        hold_port(settings).close()
+    finally:
+        child.kill()
+        child.join(10)
+
+
+def _run_then_sleep(running: Any) -> None:
+    running.set()
+    time.sleep(60)
