@@ -211,7 +211,7 @@ class Board:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.values, self._lock = state["values"], state["lock"]
-        self._backlog = Backlog(self._lock, self._apply)
+        self._backlog = None if self._lock is None else Backlog(self._lock, self._apply)
 
     @classmethod
     def local(cls, size: int) -> Board:
