@@ -283,6 +283,7 @@ class _Watch:
     heartbeats: Board
     stall_timeout: float
     killed: set[int] = field(default_factory=set)
+    checked: float = field(default_factory=time.monotonic)
 
     @property
     def interval(self) -> float:
@@ -290,6 +291,9 @@ class _Watch:
 
     def kill_stalled(self, live: dict[Any, Any]) -> None:
         now = time.monotonic()
+        checked, self.checked = self.checked, now
+        if now - checked > self.stall_timeout / 2:
+            return  # the supervisor was not running either (the host or container was frozen)
         for index, worker in enumerate(self.workers):
             silent = now - self.heartbeats.values[index]
             if silent <= self.stall_timeout or index in self.killed or worker.sentinel not in live:
