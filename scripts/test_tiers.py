@@ -60,7 +60,7 @@ def start(lane: Lane, index: int, lanes: int, workers: str, extra: list[str]) ->
     output = Path(tempfile.mkstemp(prefix="sluicegate-lane-", suffix=".log")[1])
     env = {**os.environ}
     if lanes > 1:
-        env["SLUICEGATE_TEST_LANE"] = f"{index}/{lanes}"  # tests/support/gateway.py
+        env["GATEWAY_TEST_LANE"] = f"{index}/{lanes}"  # tests/support/gateway.py
     with output.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
     return Running(lane, process, output, time.monotonic())

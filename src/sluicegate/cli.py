@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from sluicegate.setting_names import dotenv_file, unknown_settings
 from sluicegate.settings import ENV_PREFIX, Settings, describe_error
 
 if TYPE_CHECKING:
@@ -58,12 +59,27 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def load_settings(overrides: dict[str, Any]) -> Settings:
-    """Settings from flags over the environment; exits with a clear message when invalid."""
+    """Settings from flags over the environment; exits with a clear message when invalid,
+    or when a `SLUICEGATE_*` name given is no setting (unless ALLOW_UNKNOWN_SETTINGS)."""
+    unknown = unknown_settings(os.environ, dotenv_file())
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"sluicegate: {describe_error(exc)}", file=sys.stderr)
+        for line in [describe_error(exc), *map(str, unknown)]:
+            print(f"sluicegate: {line}", file=sys.stderr)
         raise SystemExit(2) from None
+    if unknown and not settings.allow_unknown_settings:
+        for name in unknown:
+            print(f"sluicegate: {name}", file=sys.stderr)
+        print(
+            f"sluicegate: unset or correct it ({ENV_PREFIX}ALLOW_UNKNOWN_SETTINGS=true starts "
+            "anyway)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    for name in unknown:
+        print(f"sluicegate: warning: {name}: ignored", file=sys.stderr)
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.observability.logs import configure_logging
-    from sluicegate.server import serve
+    from sluicegate.server import PortError, hold_port, serve
     from sluicegate.wiring import uses_local_engine
 
     settings = load_settings(overrides)
@@ -86,17 +102,25 @@ def _serve(overrides: dict[str, Any]) -> int:
         # A local model needs no hub; without this, hub look-ups stall on closed networks.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
+        # First: a port in use stops start-up before a model is prepared or an engine starts.
+        port = hold_port(settings)
+    except PortError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 1
+    try:
         entries = _model_entries(settings)
         _prepare_engine_models(settings, uses_local_engine(entries))
         _check_upstream_install(settings, entries)
+        if settings.workers > 1:
+            from sluicegate.supervisor import supervise
+
+            return supervise(settings, port)
+        return serve(settings, sock=port.sock)
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
-    if settings.workers > 1:
-        from sluicegate.supervisor import supervise
-
-        return supervise(settings)
-    return serve(settings)
+    finally:
+        port.close()
 
 
 def _model_entries(settings: Settings) -> list[ModelEntry]:

@@ -3,6 +3,7 @@ of several workers (`SLUICEGATE_WORKERS`, started by `supervisor.py`)."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -10,6 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
@@ -45,6 +47,8 @@ class DrainingServer(uvicorn.Server):
         lifecycle: Lifecycle,
         worker: bool = False,
         on_serving: Callable[[], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+        on_leaving: Callable[[], None] | None = None,
     ):
         super().__init__(config)
         self.lifecycle = lifecycle
@@ -54,6 +58,11 @@ class DrainingServer(uvicorn.Server):
         `STOP_NOW` ends it."""
         self.on_serving = on_serving
         """Called once the server listens, its start-up done."""
+        self.on_tick_done = on_tick
+        """Called on each of the server's ticks (every 0.1 s), on the event loop: a worker's
+        heartbeat, which stops when its loop does."""
+        self.on_leaving = on_leaving
+        """Called when its shutdown begins."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.lifecycle.draining:
@@ -67,6 +76,10 @@ class DrainingServer(uvicorn.Server):
         # uvicorn listens on `sockets` once the lifespan has started: a worker still loading
         # takes no connections (the kernel spreads them over listening sockets only).
         await super().startup(sockets)
+        if self.started and sockets is not None and not self.worker:
+            # uvicorn says where it listens only on a socket it bound itself.
+            host, port = self.config.host, self.config.port
+            logger.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
         if self.started and self.on_serving is not None:
             self.on_serving()
 
@@ -76,9 +89,16 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self.on_tick_done is not None:
+            self.on_tick_done()
         if self.lifecycle.drained():
             return True
         return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_leaving is not None:
+            self.on_leaving()
+        await super().shutdown(sockets)
 
 
 def serve(
@@ -108,6 +128,8 @@ def serve(
         lifecycle,
         worker=not worker.alone,
         on_serving=worker.now_serving,
+        on_tick=worker.beat,
+        on_leaving=worker.leaving,
     )
     if not worker.alone:
         signal.signal(STOP_NOW, server.stop_now)
@@ -189,6 +211,75 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to any interface
+
+
+class PortError(Exception):
+    """The port cannot be had; one line for the operator."""
+
+
+@dataclass
+class HeldPort:
+    """The gateway's port, held from before anything starts until the gateway exits."""
+
+    sock: socket.socket
+    """Bound, not listening: the one served on alone; with several workers, the supervisor's
+    place in the port's SO_REUSEPORT group (each worker listens on a socket of its own)."""
+    lock: socket.socket | None = None
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.lock is not None:
+            self.lock.close()
+
+
+def hold_port(settings: Settings) -> HeldPort:
+    """Take the port before anything starts (an engine takes a minute), so that a port in use
+    stops start-up at once with `PortError`:
+
+    1. a lock that one gateway per port number holds in a network namespace (an abstract
+       Unix socket, which the kernel frees when the process ends, however it ends): with
+       SO_REUSEPORT, which the workers share the port by, the kernel would let a second
+       gateway of the same user join them, and each would silently get part of the
+       connections;
+    2. a bind without SO_REUSEPORT, which fails while any other server listens on the port
+       (one with SO_REUSEPORT of its own too);
+    3. with several workers, the socket bound with SO_REUSEPORT that makes the group."""
+    host, port, shared = settings.host, settings.port, settings.workers > 1
+    lock = _port_lock(port)
+    try:
+        try:
+            sock = bind_socket(host, port, reuse_port=False)
+            if shared:
+                sock.close()
+                sock = bind_socket(host, port, reuse_port=True)
+        except OSError as exc:
+            raise PortError(f"cannot take {host}:{port}: {exc.strerror or exc}") from None
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    return HeldPort(sock, lock)
+
+
+def _port_lock(port: int) -> socket.socket | None:
+    """The lock of `hold_port`; None where there are no abstract sockets (not Linux), or for
+    port 0 (a port of its own each time)."""
+    if port == 0 or not sys.platform.startswith("linux"):
+        return None
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0sluicegate-port-{port}")
+    except OSError as exc:
+        lock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise PortError(f"cannot lock port {port}: {exc.strerror or exc}") from None
+        raise PortError(
+            f"port {port} is taken by another sluicegate gateway on this host (in this "
+            "network namespace): stop it, or set SLUICEGATE_PORT"
+        ) from None
+    # A process forked from this one (an engine core) must not hold the lock on past it.
+    os.register_at_fork(after_in_child=lock.close)
+    return lock
 
 
 def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:

@@ -266,7 +266,10 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Longest `Retry-After` of an upstream that is believed, s: a longer one "
         "(or `inf`, or a date far ahead) keeps that upstream out for this long at most, and "
-        "clients are passed this value.",
+        "clients are passed this value. The trade-off: a pool whose only upstream answered a "
+        "429 refuses every request (503, with the time left as `Retry-After`) for up to this "
+        "long; lower it to try the upstream sooner, at the risk of more 429s "
+        "(docs/upstream.md).",
     )
     upstream_retry_budget: float = Field(
         default=0.2,
@@ -343,6 +346,14 @@ class Settings(BaseSettings):
         "--api-server-count). Above 1 the bounds on requests in flight and per-key shares hold "
         "for all of them, and REDIS_URL is required (see docs/operations.md).",
     )
+    worker_stall_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="With WORKERS above 1: seconds a serving worker's event loop may go "
+        "without a turn (stuck in a call that never yields, or stopped) before the supervisor "
+        "kills it; the other workers then drain and the gateway exits, as when a worker dies "
+        "(docs/operations.md).",
+    )
     shutdown_timeout: float = Field(
         default=30.0,
         ge=0,
@@ -378,6 +389,12 @@ class Settings(BaseSettings):
         description="Seconds a request's line and headers may take to arrive, from the "
         "connection (or the first byte of a later request on it); then the connection is "
         "closed, with a 408 if the head had begun.",
+    )
+    allow_unknown_settings: bool = Field(
+        default=False,
+        description="Start even when the environment or the `.env` file holds a "
+        "`SLUICEGATE_*` name that is no setting (a typo, or a setting of another version), "
+        "with a warning for each. Off: such a name stops start-up, naming the closest setting.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level."

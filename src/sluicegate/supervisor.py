@@ -4,7 +4,8 @@ One Python process serves on one core: HTTP, templating and tokenizing, SSE, cac
 upstream streams all share its event loop. The supervisor (this process) lets N workers share
 that work, as vLLM's `--api-server-count N` does for its own server:
 
-1. It takes the port (SO_REUSEPORT); each worker listens on it with a socket of its own, and
+1. It takes the port (SO_REUSEPORT, after `server.hold_port` made sure no other gateway or
+   server has it); each worker listens on it with a socket of its own, and
    the kernel spreads new connections over them (by a hash of the client's address and
    port). One socket shared by all would not: the worker already awake, busy with streams,
    took every new connection while the idle one slept. A worker listens only once its
@@ -19,7 +20,9 @@ that work, as vLLM's `--api-server-count N` does for its own server:
    (`worker.CORE_DIED`): their requests end with `engine_unavailable`, they drain and exit
    with code 3. When a worker exits on its own (a crash, its engine's death) the others are
    drained too: one worker cannot be replaced (its client slot of the core is gone), so the
-   gateway exits and its supervisor (Docker, Kubernetes) starts it again.
+   gateway exits and its supervisor (Docker, Kubernetes) starts it again. A serving worker
+   whose event loop has had no turn for `worker_stall_timeout` (its heartbeat, `_Watch`) is
+   killed, and goes the same way.
 5. Once every worker is gone it stops the cores and exits: 0, 3 after an engine's death, or
    the first failing worker's code.
 
@@ -31,21 +34,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
 from sluicegate.settings import Settings
 from sluicegate.worker import STOP_NOW
+
+if TYPE_CHECKING:
+    from sluicegate.counters import Board
+    from sluicegate.server import HeldPort
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +82,11 @@ class _Stop:
         _signal_all(self.workers, tell)
 
 
-def supervise(settings: Settings) -> int:
-    """Run `settings.workers` workers until they are stopped; the exit code as `serve`'s."""
+def supervise(settings: Settings, port: HeldPort | None = None) -> int:
+    """Run `settings.workers` workers until they are stopped; the exit code as `serve`'s.
+    `port`: the port, held already (`server.hold_port`; taken here if not): the workers join
+    it with listening sockets of their own (`server.run_worker`), and only listening sockets
+    receive connections."""
     metrics_dir = tempfile.mkdtemp(prefix="sluicegate-metrics-")
     # Before the workers import prometheus-client, which reads it once.
     from sluicegate.observability.exposition import MULTIPROCESS_DIR
@@ -84,12 +95,15 @@ def supervise(settings: Settings) -> int:
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop.handle)
     signal.signal(signal.SIGINT, stop.handle)
-    sock = hold_port(settings)
+    if port is None:
+        from sluicegate.server import hold_port
+
+        port = hold_port(settings)
     cores: dict[str, Any] = {}
     workers = stop.workers
     try:
         with contextlib.ExitStack() as starting:
-            announcing = _start(settings, cores, workers, stop.shared, starting)
+            announcing, heartbeats = _start(settings, cores, workers, stop.shared, starting)
         # Leaving the block waited for every engine core to be ready.
         stop.serving = True
         logger.info(
@@ -97,7 +111,9 @@ def supervise(settings: Settings) -> int:
             len(workers),
             ", ".join(str(w.pid) for w in workers),
         )
-        return _wait(workers, cores, metrics_dir, announcing, f"{settings.host}:{settings.port}")
+        watch = _Watch(workers, heartbeats, settings.worker_stall_timeout)
+        where = f"{settings.host}:{settings.port}"
+        return _wait(workers, cores, metrics_dir, announcing, where, watch)
     finally:
         if not stop.serving:
             # The start failed or was given up: the workers started so far go too.
@@ -106,7 +122,7 @@ def supervise(settings: Settings) -> int:
                 worker.join(CORE_STOP_TIMEOUT)
                 if worker.is_alive():
                     worker.kill()
-        sock.close()
+        port.close()
         for core in cores.values():
             core.shutdown(timeout=CORE_STOP_TIMEOUT)
         shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -118,10 +134,10 @@ def _start(
     workers: list[Any],
     shared: list[Any],
     starting: contextlib.ExitStack,
-) -> list[Connection]:
+) -> tuple[list[Connection], Board]:
     """Launch the engine cores (within `starting`, whose end waits for them) and the workers,
     into `cores` and `workers`; what they share into `shared`. Returns the pipes on which each
-    worker says that it is serving (`Worker.now_serving`)."""
+    worker says that it is serving (`Worker.now_serving`), and the workers' heartbeats."""
     from sluicegate import wiring
     from sluicegate.counters import Board, SharedTally
     from sluicegate.server import run_worker
@@ -133,7 +149,10 @@ def _start(
     # and sequences.
     tally = SharedTally(keys=2 * settings.max_in_flight + 2, context=context)
     boards: dict[str, Board] = {}
-    shared += [tally, boards]
+    heartbeats = Board.shared(count, context)
+    for index in range(count):
+        heartbeats.values[index] = math.inf  # watched once serving
+    shared += [tally, boards, heartbeats]
     for kind, config in wiring.local_engine_configs(settings).items():
         cores[kind] = starting.enter_context(_launch_core(kind, config, count))
         if kind == GENERATIVE:
@@ -151,6 +170,7 @@ def _start(
             cores={kind: core.clients[index] for kind, core in cores.items()},
             boards=boards,
             serving=writer,
+            heartbeats=heartbeats,
         )
         process = context.Process(
             target=run_worker,
@@ -165,7 +185,7 @@ def _start(
     for core in cores.values():
         core.handed_over()
         core.watch(workers)
-    return announcing
+    return announcing, heartbeats
 
 
 @contextlib.contextmanager
@@ -189,6 +209,7 @@ def _wait(
     metrics_dir: str,
     announcing: list[Connection],
     where: str,
+    watch: _Watch,
 ) -> int:
     from prometheus_client import multiprocess
 
@@ -200,7 +221,11 @@ def _wait(
     serving = 0
     code = 0
     while live:
-        for ready in multiprocessing.connection.wait([*live, *core_processes, *waiting]):
+        ready_ones = multiprocessing.connection.wait(
+            [*live, *core_processes, *waiting], timeout=watch.interval
+        )
+        watch.kill_stalled(live)
+        for ready in ready_ones:
             if ready in waiting:
                 waiting.discard(ready)
                 # EOF: the worker died before it served (its sentinel says so).
@@ -245,17 +270,48 @@ def _wait(
     return code
 
 
+@dataclass
+class _Watch:
+    """The workers' heartbeats (`Worker.beat`, each turn of a worker's event loop): a serving
+    worker silent for `stall_timeout` seconds is stuck (a call that never yields, a stopped
+    process) and keeps its share of the port's connections unanswered, so it is killed. It
+    cannot be replaced in place (its client slot of the engine core goes with it): its exit
+    then drains the others and ends the gateway, as a crash does, for the orchestrator to
+    restart it."""
+
+    workers: list[Any]
+    heartbeats: Board
+    stall_timeout: float
+    killed: set[int] = field(default_factory=set)
+    checked: float = field(default_factory=time.monotonic)
+
+    @property
+    def interval(self) -> float:
+        return min(1.0, self.stall_timeout / 4)
+
+    def kill_stalled(self, live: dict[Any, Any]) -> None:
+        now = time.monotonic()
+        checked, self.checked = self.checked, now
+        if now - checked > self.stall_timeout / 2:
+            return  # the supervisor was not running either (the host or container was frozen)
+        for index, worker in enumerate(self.workers):
+            silent = now - self.heartbeats.values[index]
+            if silent <= self.stall_timeout or index in self.killed or worker.sentinel not in live:
+                continue
+            self.killed.add(index)
+            logger.error(
+                "worker %s (pid %s) has not run its event loop for %.0f s "
+                "(SLUICEGATE_WORKER_STALL_TIMEOUT): killed",
+                worker.name,
+                worker.pid,
+                silent,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+
+
 def _signal_all(workers: Any, sig: int) -> None:
     for worker in workers:
         if worker.is_alive() and worker.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, sig)
-
-
-def hold_port(settings: Settings) -> socket.socket:
-    """The port, bound (not listening) with SO_REUSEPORT: taken before anything starts, so a
-    port in use stops start-up at once; the workers join it with listening sockets of their
-    own (`server.run_worker`), and only listening sockets receive connections."""
-    from sluicegate.server import bind_socket
-
-    return bind_socket(settings.host, settings.port, reuse_port=True)

@@ -32,6 +32,7 @@ from sluicegate.conversation.store import (
     ResponseStore,
     StoreConfig,
 )
+from sluicegate.deadline import Deadline
 from sluicegate.engine.lora import parse_lora_modules
 from sluicegate.engine.model import model_identity, resolve_model, shipped_template
 from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
@@ -359,8 +360,8 @@ async def greet_redis(client: redis.asyncio.Redis, wait: float = 2.0) -> None:
     kwargs = client.connection_pool.connection_kwargs
     where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
     try:
-        async with asyncio.timeout(wait):
-            await client.ping()
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        await Deadline(wait).run(client.ping())
     except (TimeoutError, OSError, RedisError) as exc:
         logger.warning("redis at %s does not answer (%s): serving without it", where, exc)
     else:
@@ -460,8 +461,8 @@ async def warn_if_evicting(client: redis.asyncio.Redis, wait: float = 2.0) -> No
     """Warn when Redis may evict the rate-limit keys: under an allkeys-* policy any key may
     go, and a key's limit with it. Their keys have no TTL, so volatile-* policies keep them."""
     try:
-        async with asyncio.timeout(wait):
-            policy = (await client.config_get("maxmemory-policy")).get("maxmemory-policy")
+        reply = await Deadline(wait).run(client.config_get("maxmemory-policy"))
+        policy = reply.get("maxmemory-policy")
     except (TimeoutError, OSError, RedisError) as exc:
         # Managed Redis services often refuse CONFIG; not knowing is no reason to stop.
         logger.info("could not read redis maxmemory-policy (%s)", exc)

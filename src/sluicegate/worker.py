@@ -9,7 +9,9 @@ shared memory (`counters`), and its client of each engine core the supervisor la
 from __future__ import annotations
 
 import logging
+import math
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -42,6 +44,9 @@ class Worker:
     """Each engine's load, shared by the workers (`engine.vllm_load.LoadMeter`)."""
     serving: Connection | None = None
     """The write end of a pipe to the supervisor, told once this worker listens."""
+    heartbeats: Board | None = None
+    """Each worker's latest turn of its event loop (monotonic seconds; +inf: not watched),
+    which the supervisor watches for a worker that stopped answering."""
 
     _on_core_death: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -57,9 +62,21 @@ class Worker:
 
     def now_serving(self) -> None:
         """Tell the supervisor that this worker's start-up is done and it takes connections."""
+        self.beat()
         if self.serving is not None:
             self.serving.send(self.index)
             self.serving.close()
+
+    def beat(self) -> None:
+        """This worker's event loop has had a turn (`DrainingServer.on_tick`, every 0.1 s)."""
+        if self.heartbeats is not None:
+            self.heartbeats.values[self.index] = time.monotonic()
+
+    def leaving(self) -> None:
+        """Its shutdown has begun (closing connections and the engine client, with no more
+        turns of the server's loop): the supervisor stops watching its beat."""
+        if self.heartbeats is not None:
+            self.heartbeats.values[self.index] = math.inf
 
     def core_died(self) -> None:
         logger.error("the supervisor reports an engine core's death")

@@ -19,7 +19,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 # Points the tests that take `base_url` (not `gateway`) at a server already running, e.g. vLLM's
 # own OpenAI server on the same model, to check the tests themselves (docs/testing.md).
-EXTERNAL_BASE_URL = "SLUICEGATE_TEST_BASE_URL"
+EXTERNAL_BASE_URL = "GATEWAY_TEST_BASE_URL"
 
 
 @pytest.fixture(scope="session")

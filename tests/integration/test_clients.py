@@ -3,7 +3,7 @@
 langchain-openai's structured output and tool binding, the `openai` SDK's `parse`, JSON mode,
 tool conversations, `logit_bias`, the Responses API and tool-call streaming, vLLM's
 `/tokenize` and `/detokenize`, and lm-eval-harness's loglikelihood request (echo + logprobs).
-The JS SDK is in test_js_client.py. Set SLUICEGATE_TEST_BASE_URL to run these against another
+The JS SDK is in test_js_client.py. Set GATEWAY_TEST_BASE_URL to run these against another
 server (docs/testing.md).
 """
 

@@ -28,7 +28,7 @@ def js_results(base_url: str, model: str) -> dict[str, Any]:
     done = subprocess.run(
         [node, "client.mjs"],
         cwd=JS_DIR,
-        env={**os.environ, "SLUICEGATE_BASE_URL": base_url, "SLUICEGATE_MODEL": model},
+        env={**os.environ, "GATEWAY_BASE_URL": base_url, "GATEWAY_MODEL": model},
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,11 +1,11 @@
 // The openai JS SDK against an OpenAI-compatible server (tests/integration/test_js_client.py).
-// Env: SLUICEGATE_BASE_URL (the server's root, without /v1) and SLUICEGATE_MODEL.
+// Env: GATEWAY_BASE_URL (the server's root, without /v1) and GATEWAY_MODEL.
 // Prints one JSON object with what each call returned (or its error); the Python test asserts
 // on it.
 import OpenAI from "openai";
 
-const baseURL = `${process.env.SLUICEGATE_BASE_URL}/v1`;
-const model = process.env.SLUICEGATE_MODEL;
+const baseURL = `${process.env.GATEWAY_BASE_URL}/v1`;
+const model = process.env.GATEWAY_MODEL;
 const client = new OpenAI({
   baseURL,
   apiKey: "unused",

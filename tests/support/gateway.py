@@ -55,7 +55,7 @@ class GatewayProcess:
         return int(self.process.returncode)
 
 
-LANE_ENV = "SLUICEGATE_TEST_LANE"
+LANE_ENV = "GATEWAY_TEST_LANE"
 """Set by scripts/test_tiers.py to `lane/lanes` when a tier runs in processes side by side."""
 
 

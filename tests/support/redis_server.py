@@ -12,11 +12,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -93,6 +94,40 @@ class RedisProcess:
         thread = threading.Thread(target=sleep, daemon=True)
         thread.start()
         self.pauses.append(thread)
+
+    async def across_a_pause(
+        self, client: redis.asyncio.Redis, op: Callable[[], Awaitable[object]], pause: float
+    ) -> tuple[BaseException | None, bool]:
+        """Run `op` through `client` (a pool of one connection) while the server sleeps for
+        `pause` seconds (DEBUG SLEEP, begun before `op`). What `op` raised, and whether the
+        pool's connection afterwards is the one it had before (the same client id): a short
+        pause must cost no connection."""
+        before = await client.client_id()
+        self.pause(pause)
+        await asyncio.to_thread(self.wait_until_paused)
+        raised: BaseException | None = None
+        try:
+            await op()
+        except Exception as exc:  # what it raised is the answer
+            raised = exc
+        # Waits for the pool's one connection, which the op holds until Redis answers it.
+        after = await client.client_id()
+        return raised, before == after
+
+    def wait_until_paused(self) -> None:
+        """Until a pause has begun: a ping of its own goes unanswered."""
+        probe = redis.Redis(port=self.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+        deadline = time.monotonic() + 5
+        try:
+            while True:
+                try:
+                    probe.ping()
+                except redis.TimeoutError:
+                    return
+                assert time.monotonic() < deadline, "Redis did not pause"
+                time.sleep(0.01)
+        finally:
+            probe.close()
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from sluicegate import server
 from sluicegate.cli import main
 from sluicegate.engine import model
 from sluicegate.settings import Settings
+from tests.support.gateway import free_port
 
 UPSTREAM = "http://127.0.0.1:9/v1"
 
@@ -26,6 +27,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     cache = tmp_path / "models"
     monkeypatch.setenv("SLUICEGATE_MODEL_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SLUICEGATE_PORT", str(free_port()))  # `serve` takes it first
     return cache
 
 
@@ -34,7 +36,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
     """The settings `serve` would have run the server with (it runs none)."""
     runs: list[Settings] = []
 
-    def serve(settings: Settings) -> int:
+    def serve(settings: Settings, sock: object = None) -> int:
         runs.append(settings)
         return 0
 
@@ -204,3 +206,61 @@ def test_adapters_without_the_local_engine_stop_serve(
     assert main(["serve"]) == 1
     assert "LORA_MODULES needs the in-process engine" in capsys.readouterr().err
     assert served == []
+
+
+def test_an_unknown_setting_stops_serve_naming_it_and_the_closest_one(
+    monkeypatch: pytest.MonkeyPatch,
+    served: list[Settings],
+    prepared: list[Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("SLUICEGATE_MAX_WAITING", "4")  # MAX_ENGINE_WAITING, mistyped
+    with pytest.raises(SystemExit) as stopped:
+        main(["serve"])
+    assert stopped.value.code == 2
+    assert served == [] and prepared == []  # stopped before anything started
+    err = capsys.readouterr().err
+    assert "SLUICEGATE_MAX_WAITING" in err
+    assert "did you mean SLUICEGATE_MAX_ENGINE_WAITING?" in err
+
+
+def test_an_unknown_key_of_the_dotenv_file_stops_serve(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    served: list[Settings],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / ".env").write_text(f"SLUICEGATE_UPSTREAM_URLS={UPSTREAM}\nSLUICEGATE_PROT=9000\n")
+    with pytest.raises(SystemExit):
+        main(["serve"])
+    assert served == []
+    err = capsys.readouterr().err
+    assert "SLUICEGATE_PROT in .env" in err and "SLUICEGATE_PORT" in err
+
+
+def test_an_unknown_setting_is_reported_beside_a_bad_value(
+    monkeypatch: pytest.MonkeyPatch, served: list[Settings], capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_PORT", "eighty")
+    monkeypatch.setenv("SLUICEGATE_HOTS", "0.0.0.0")
+    with pytest.raises(SystemExit):
+        main(["serve"])
+    err = capsys.readouterr().err
+    assert "SLUICEGATE_PORT='eighty'" in err and "SLUICEGATE_HOTS" in err
+
+
+@pytest.mark.parametrize("allow", [["--allow-unknown-settings"], []], ids=["flag", "environment"])
+def test_allowing_unknown_settings_turns_the_error_into_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+    served: list[Settings],
+    capsys: pytest.CaptureFixture[str],
+    allow: list[str],
+) -> None:
+    monkeypatch.setenv("SLUICEGATE_UPSTREAM_URLS", UPSTREAM)
+    monkeypatch.setenv("SLUICEGATE_MAX_WAITING", "4")
+    if not allow:
+        monkeypatch.setenv("SLUICEGATE_ALLOW_UNKNOWN_SETTINGS", "true")
+    assert main(["serve", *allow]) == 0
+    assert len(served) == 1
+    assert "warning: unknown setting SLUICEGATE_MAX_WAITING" in capsys.readouterr().err

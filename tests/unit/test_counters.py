@@ -3,7 +3,11 @@ real processes, and the table's upkeep (reused slots, rebuilds)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import time
+from collections.abc import Iterator
+from typing import Any
 
 from sluicegate.counters import Board, LocalTally, SharedTally, Tally
 
@@ -69,3 +73,68 @@ def test_a_board_adds_under_its_lock_and_reads_plainly() -> None:
     local = Board.local(2)
     local.add(0, 1.0)
     assert list(local.values) == [1.0, 0.0]
+
+
+def _sees(tally: SharedTally, key: str, expected: int) -> None:
+    """Another worker's view: exits 0 once `key`'s count is `expected` (1 if not in 20 s)."""
+    deadline = time.monotonic() + 20
+    while tally.count(key) != expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(1)
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def _held(lock: Any) -> Iterator[None]:
+    """The shared lock taken, as by a worker the OS took off the CPU while it held it."""
+    assert lock.acquire(timeout=5)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def test_a_give_back_while_the_lock_is_held_neither_stalls_the_loop_nor_is_lost() -> None:
+    """It goes to the backlog at once, and the backlog's thread applies it once the lock is
+    free, with no further change made in this process: another worker sees it."""
+    context = multiprocessing.get_context("spawn")
+    tally = SharedTally(keys=4, context=context)
+    tally.take("key", 3, None)
+    with _held(tally._lock):
+        started = time.monotonic()
+        tally.give_back("key", 2)
+        # A hold never refused, likewise: counted once the lock is had.
+        assert tally.take("other", 5, None)[0]
+        stalled = time.monotonic() - started
+    assert stalled < 0.5, f"the event loop waited {stalled:.2f} s for the shared lock"
+    viewers = [
+        context.Process(target=_sees, args=(tally, key, count))
+        for key, count in (("key", 1), ("other", 5))
+    ]
+    for viewer in viewers:
+        viewer.start()
+    for viewer in viewers:
+        viewer.join(60)
+        assert viewer.exitcode == 0, "a change made while the lock was held was lost"
+
+
+def test_a_check_against_a_limit_while_the_lock_is_held_is_refused_without_a_stall() -> None:
+    tally = SharedTally(keys=4)
+    with _held(tally._lock):
+        started = time.monotonic()
+        assert tally.take("key", 1, 10) == (False, 0)
+        assert time.monotonic() - started < 0.5, "the event loop waited for the shared lock"
+    assert tally.take("key", 1, 10) == (True, 0)
+
+
+def test_a_board_change_while_its_lock_is_held_is_applied_once_it_is_free() -> None:
+    board = Board.shared(2)
+    assert board._lock is not None
+    with _held(board._lock):
+        board.add(0, 1.0)
+        board.add(0, 1.0)
+        assert list(board.values) == [0.0, 0.0]
+    deadline = time.monotonic() + 20
+    while list(board.values) != [2.0, 0.0]:
+        assert time.monotonic() < deadline, "a board change made under a held lock was lost"
+        time.sleep(0.01)

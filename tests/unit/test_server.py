@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from sluicegate.server import (
 )
 from sluicegate.settings import Settings
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
-from tests.support.gateway import free_port
+from tests.support.gateway import free_port, gateway_env
 from tests.support.metrics import local_value
 
 
@@ -343,3 +345,100 @@ def test_a_reachable_address_without_api_keys_is_warned_about(
     assert (warning is not None) == warned
     if warning is not None:
         assert host in warning and "SLUICEGATE_API_KEYS" in warning
+
+
+# ---- the port --------------------------------------------------------------------------------
+
+
+def _serve_on(port: int, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`sluicegate serve` on `port` in upstream mode (an upstream that is not there: a
+    gateway that got past the port would try it for 3 s, then fail for that)."""
+    command = [
+        sys.executable, "-m", "sluicegate", "serve", "--port", str(port),
+        "--upstream-urls", "http://127.0.0.1:9/v1", "--upstream-start-timeout", "3", *flags,
+    ]  # fmt: skip
+    # The bound guards a hang only: the refusal comes before anything starts.
+    return subprocess.run(command, capture_output=True, text=True, env=gateway_env(), timeout=120)
+
+
+WORKERS = ("--workers", "2", "--redis-url", "redis://127.0.0.1:9/0")
+
+
+@pytest.mark.parametrize(
+    ("occupant", "flags", "says"),
+    [
+        ("server", (), "Address already in use"),
+        ("workers", WORKERS, "Address already in use"),
+        ("gateway", (), "another sluicegate gateway"),
+        ("gateway", WORKERS, "another sluicegate gateway"),
+    ],
+    ids=["another-server", "a-gateways-workers", "a-gateway-starting", "workers-vs-gateway"],
+)
+def test_a_second_serve_on_a_port_in_use_fails_at_once_naming_it(
+    occupant: str, flags: tuple[str, ...], says: str
+) -> None:
+    """Another server listening there; the listening sockets of a gateway's workers, which
+    share the port with SO_REUSEPORT and would have let a second gateway's workers join them
+    (each gateway silently getting part of the connections); a gateway still starting, not
+    listening yet. Each time the second `serve` stops before anything starts."""
+    port = free_port()
+    held: list[Any] = []
+    if occupant == "gateway":
+        from sluicegate.server import hold_port
+
+        held.append(hold_port(Settings(port=port, _env_file=None)))  # type: ignore[call-arg]
+    else:
+        sock = bind_socket("127.0.0.1", port, reuse_port=occupant == "workers")
+        sock.listen(8)
+        held.append(sock)
+    try:
+        done = _serve_on(port, *flags)
+    finally:
+        for thing in held:
+            thing.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in done.stderr or f"port {port}" in done.stderr
+    assert says in done.stderr
+    assert "upstream" not in done.stderr.lower(), "it went on past the port"
+
+
+def test_a_gateways_port_is_free_again_once_it_is_let_go() -> None:
+    from sluicegate.server import PortError, hold_port
+
+    port = free_port()
+    settings = Settings(port=port, workers=2, redis_url="redis://r", _env_file=None)  # type: ignore[call-arg]
+    first = hold_port(settings)
+    with pytest.raises(PortError, match="another sluicegate gateway"):
+        hold_port(settings)
+    # Its workers join the port it holds, as they do (SO_REUSEPORT).
+    worker = worker_socket(settings)
+    worker.close()
+    first.close()
+    hold_port(settings).close()
+
+
+def test_a_process_forked_from_a_gateway_does_not_keep_its_port_lock() -> None:
+    """An engine core forked from the gateway would otherwise hold the lock on after the
+    gateway ended, and its restart would find the port taken."""
+    import multiprocessing
+
+    from sluicegate.server import hold_port
+
+    settings = Settings(port=free_port(), _env_file=None)  # type: ignore[call-arg]
+    held = hold_port(settings)
+    context = multiprocessing.get_context("fork")
+    running = context.Event()
+    child = context.Process(target=_run_then_sleep, args=(running,))
+    child.start()
+    try:
+        assert running.wait(30)
+        held.close()
+        hold_port(settings).close()
+    finally:
+        child.kill()
+        child.join(10)
+
+
+def _run_then_sleep(running: Any) -> None:
+    running.set()
+    time.sleep(60)

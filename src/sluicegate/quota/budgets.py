@@ -45,6 +45,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
+from sluicegate.deadline import Deadline
 from sluicegate.errors import BudgetExceededError
 from sluicegate.keys import KeyBudget, utc_time
 from sluicegate.observability.key_label import KeyLabels
@@ -206,6 +207,9 @@ class BudgetKeeper:
     def __post_init__(self) -> None:
         self._reserve = self.client.register_script(_RESERVE)
         self._add = self.client.register_script(_ADD)
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        self._deadline = Deadline(self.op_timeout)
+        self._sync_deadline = Deadline(self.op_timeout * 4)
         self._counters: dict[str, _Counter] = {}
         """By Redis key: the counters in use lately (and those with changes to send)."""
         self._current: dict[str, _Counter] = {}
@@ -325,12 +329,13 @@ class BudgetKeeper:
         number = counter.number()
         changes = list(counter.changes)
         try:
-            async with asyncio.timeout(self.op_timeout):
-                allowed, used = await self._reserve(
+            allowed, used = await self._deadline.run(
+                self._reserve(
                     keys=[counter.name, counter.hash],
                     args=[budget.limit, amount, number, 0, counter.ttl, self._process,
                           *_flat(changes)],
-                )  # fmt: skip
+                )
+            )  # fmt: skip
         except BaseException as exc:
             counter.change(number, amount)  # made there at most once
             failed = isinstance(exc, _FAILURES)
@@ -406,8 +411,7 @@ class BudgetKeeper:
         for counter, changes in counters:
             args: list[int | str] = [counter.ttl, self._process, *_flat(changes)]
             await self._add(keys=[counter.name, counter.hash], args=args, client=pipe)
-        async with asyncio.timeout(self.op_timeout * 4):
-            return list(await pipe.execute())
+        return list(await self._sync_deadline.run(pipe.execute()))
 
     def _seen(self, counter: _Counter) -> None:
         """What Redis said of a counter, on the dashboard (`sluicegate_budget_used_ratio`)."""

@@ -29,6 +29,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
+from sluicegate.deadline import Deadline
 from sluicegate.observability.metrics import USAGE_BATCHES, USAGE_LOST
 from sluicegate.observability.throttled import ThrottledWarning
 from sluicegate.prices import Price
@@ -109,6 +110,8 @@ class UsageLedger:
         self._retention = retention_days * 86400
         self._give_up_after = give_up_after
         self._op_timeout = op_timeout
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        self._deadline = Deadline(op_timeout)
         self._clock = clock
         self._write = client.register_script(_WRITE)
         self._pending: Totals = {}
@@ -197,8 +200,7 @@ class UsageLedger:
         for (day, key), fields in grouped.items():
             keys += (hash_key(self._prefix, day, key), day_set(self._prefix, day))
             args += (key, len(fields) // 2, *fields)
-        async with asyncio.timeout(self._op_timeout):
-            await self._write(keys=keys, args=args)
+        await self._deadline.run(self._write(keys=keys, args=args))
 
     def _lose(self, batch: _Batch, why: str) -> None:
         sums = [sum(t[i] for t in batch.totals.values()) for i in range(len(MEASURES))]

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from sluicegate.background import Background
+from sluicegate.deadline import Deadline
 from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
 from sluicegate.keys import KeyPolicy, digest_of, key_id
 from sluicegate.observability.metrics import (
@@ -106,6 +107,8 @@ class KeyStore:
         self._sync_interval = sync_interval
         self._reload_interval = reload_interval
         self._op_timeout = op_timeout
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        self._deadline = Deadline(op_timeout)
         self._clock = clock
         self._by_id: dict[str, KeyRecord] = {}
         self._by_digest: dict[bytes, KeyRecord] = {}
@@ -191,9 +194,7 @@ class KeyStore:
         # What this process changes meanwhile is newer than what the reload read.
         self._changed_here = {}
         try:
-            async with asyncio.timeout(self._op_timeout):
-                newest: Any = await self._client.xrevrange(self._log, count=1)
-                raw: dict[Any, Any] = await self._client.hgetall(self._hash)
+            newest, raw = await self._deadline.run(self._read_all())
             loaded = []
             for i, (name, value) in enumerate(raw.items()):
                 record = self._readable(_text(name), value)
@@ -230,16 +231,19 @@ class KeyStore:
             len(self._by_id),
         )
 
+    async def _read_all(self) -> tuple[Any, dict[Any, Any]]:
+        """The log's newest entry, and every record."""
+        newest: Any = await self._client.xrevrange(self._log, count=1)
+        raw: dict[Any, Any] = await self._client.hgetall(self._hash)
+        return newest, raw
+
     async def _read_changes(self) -> int:
         """Apply the changes logged since the last read; how many were read."""
         assert self._last is not None
-        async with asyncio.timeout(self._op_timeout):
-            reply: Any = await self._client.xread({self._log: self._last}, count=_BATCH)
-            if not reply:
-                return 0
-            entries = reply[0][1]
-            ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
-            values: list[Any] = await self._client.hmget(self._hash, ids)
+        read = await self._deadline.run(self._read_logged(self._last))
+        if read is None:
+            return 0
+        entries, ids, values = read
         for changed, value in zip(ids, values, strict=True):
             self._apply(changed, None if value is None else self._readable(changed, value))
         self._last = entries[-1][0]
@@ -364,10 +368,19 @@ class KeyStore:
         )
         return int(reply)
 
+    async def _read_logged(self, last: Any) -> tuple[Any, Sequence[str], Sequence[Any]] | None:
+        """The log's entries after `last`, the ids they name and those ids' records."""
+        reply: Any = await self._client.xread({self._log: last}, count=_BATCH)
+        if not reply:
+            return None
+        entries = reply[0][1]
+        ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
+        values: Sequence[Any] = await self._client.hmget(self._hash, ids)
+        return entries, ids, values
+
     async def _call(self, op: Any) -> Any:
         try:
-            async with asyncio.timeout(self._op_timeout):
-                return await op
+            return await self._deadline.run(op)
         except _FAILURES as exc:
             raise StoreUnavailableError(
                 "The key store (Redis) does not answer: keys cannot be read, created or changed "

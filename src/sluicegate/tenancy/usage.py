@@ -21,6 +21,7 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.exceptions import RedisError
 
+from sluicegate.deadline import Deadline
 from sluicegate.errors import InvalidRequestError, StoreUnavailableError
 from sluicegate.prices import units
 from sluicegate.tenancy.ledger import MEASURES, day_set, hash_key
@@ -89,6 +90,8 @@ class UsageReader:
         self._client = client
         self._prefix = prefix
         self._op_timeout = op_timeout
+        # Waited for, not cancelled: a cancelled call closes its pooled connection.
+        self._deadline = Deadline(op_timeout)
 
     async def read(self, query: UsageQuery) -> dict[str, Any]:
         """`{"object": "list", "data": [rows], "totals": {...}}`; each row has `period`,
@@ -114,8 +117,7 @@ class UsageReader:
             pipe = self._client.pipeline(transaction=False)
             for day in chunk:
                 pipe.smembers(day_set(self._prefix, day))
-            async with asyncio.timeout(self._op_timeout):
-                replies = await pipe.execute()
+            replies = await self._deadline.run(pipe.execute())
             for day, members in zip(chunk, replies, strict=True):
                 slots += ((day, _text(m)) for m in sorted(members))
         return slots
@@ -126,8 +128,7 @@ class UsageReader:
             pipe = self._client.pipeline(transaction=False)
             for key in keys[start : start + _PIPELINE]:
                 pipe.hgetall(key)
-            async with asyncio.timeout(self._op_timeout):
-                replies += await pipe.execute()
+            replies += await self._deadline.run(pipe.execute())
         return replies
 
 

@@ -74,3 +74,28 @@ async def test_a_reservation_whose_answer_never_came_counts_once(
         assert _counter(server.url, prefix) == 60
         await keeper.close()
         await client.aclose()
+
+
+async def test_a_pause_shorter_than_the_socket_timeout_costs_no_connection(
+    tmp_path: Path, prefix: str
+) -> None:
+    """Redis asleep past the call's own timeout (0.1 s), within the pool's socket timeout
+    (1 s): the reservation is decided here, and the pooled connection is waited for rather
+    than torn down (a cancelled redis-py call closes its connection)."""
+    from sluicegate.wiring import redis_client
+
+    with running_redis(tmp_path) as server:
+        client = redis_client(server.url, max_connections=1)
+        keeper = BudgetKeeper(client, prefix=prefix, op_timeout=0.1, retry_interval=0.05)
+        first = await keeper.reserve("key-a", BUDGET, 400)  # near enough the end: in Redis
+        keeper.settle(first, 400)
+
+        async def reserve() -> None:
+            hold = await keeper.reserve("key-a", BUDGET, 100)
+            assert hold.reserved == 100  # decided here
+
+        raised, kept = await server.across_a_pause(client, reserve, pause=0.5)
+        assert raised is None
+        assert kept, "the pooled connection was torn down by a 0.5 s pause"
+        await keeper.close()
+        await client.aclose()

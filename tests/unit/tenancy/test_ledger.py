@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import date
+from pathlib import Path
 
 import redis.asyncio
 
@@ -12,7 +13,7 @@ from sluicegate.prices import Price
 from sluicegate.tenancy.ledger import UsageLedger, _Batch
 from sluicegate.tenancy.usage import UsageQuery, UsageReader
 from tests.support.metrics import local_value
-from tests.support.redis_server import shared_redis_url
+from tests.support.redis_server import running_redis, shared_redis_url
 
 DEC_31 = 1798761600.0 - 3600  # 2026-12-31T23:00:00Z
 JAN_1 = DEC_31 + 7200  # 2027-01-01T01:00:00Z
@@ -86,3 +87,32 @@ async def test_a_price_given_after_a_models_first_request_is_counted_from_then_o
     totals = (await UsageReader(client, prefix).read(_query()))["totals"]
     assert totals["input_tokens"] == 2_000_000 and totals["cost"] == 1.0
     await client.aclose()
+
+
+async def test_a_short_pause_of_redis_costs_the_ledger_and_its_reader_no_connection(
+    tmp_path: Path, prefix: str
+) -> None:
+    """Redis asleep past a write's or a read's own timeout (0.1 s) but within the pool's
+    socket timeout (1 s): each fails (the write is kept for the next flush, the read answers
+    503), and the pooled connection is waited for rather than torn down."""
+    from sluicegate.errors import StoreUnavailableError
+    from sluicegate.wiring import redis_client
+
+    with running_redis(tmp_path) as server:
+        client = redis_client(server.url, max_connections=1)
+        ledger = UsageLedger(client, prefix, op_timeout=0.1, clock=lambda: DEC_31)
+        ledger.record("key-a", "m1", 10, 5, cached=0, error=False)
+
+        async def flush() -> None:
+            assert not await ledger.flush()  # failed: kept
+
+        raised, kept = await server.across_a_pause(client, flush, pause=0.5)
+        assert raised is None
+        assert kept, "the ledger's write tore the pooled connection down"
+        assert await ledger.flush()  # the batch lands on the same connection
+        reader = UsageReader(client, prefix, op_timeout=0.1)
+        raised, kept = await server.across_a_pause(client, lambda: reader.read(_query()), pause=0.5)
+        assert isinstance(raised, StoreUnavailableError)
+        assert kept, "the usage reader tore the pooled connection down"
+        assert (await reader.read(_query()))["totals"]["requests"] == 1
+        await client.aclose()

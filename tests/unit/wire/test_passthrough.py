@@ -113,3 +113,69 @@ def test_only_plain_chats_and_text_completions_pass_through() -> None:
     assert passes_through(CompletionFormat("c", 1, "m", False))
     tools = ToolSetup(tools=({"type": "function", "function": {"name": "f"}},), mode="auto")
     assert not passes_through(ChatFormat("c", 1, "m", False, tools))
+
+
+def _passed_on(lines: list[str]) -> list[str]:
+    """What the client gets of `lines` passed through: the writer's bytes, as the events an
+    SSE parser reads in them (any of CR, LF, CRLF ends a line)."""
+    writer = _writer(False)
+    out = b"".join(
+        b"".join(writer.events(d)) for s in _read(lines) for d in s.choices if d.raw is not None
+    ).decode()
+    assert out.endswith("\n\n")
+    return [e for e in out.replace("\r\n", "\n").replace("\r", "\n").split("\n\n") if e]
+
+
+def test_a_bare_cr_within_an_event_reaches_the_client_as_one_event() -> None:
+    """JSON may hold a CR between tokens; handed on as it came, the client's SSE parser
+    would split the event there (a line of half an object, then a line of the rest)."""
+    lines = [
+        'data: {"id":"chatcmpl-up","created":1,\r"model":"up-model","choices":[{"index":0,'
+        '"delta":{"content":"a"},\r"finish_reason":null}]}',
+        _line(_chunk("b")),
+    ]
+    events = _passed_on(lines)
+    assert [e.count("\n") for e in events] == [0, 0]
+    parsed = [json.loads(e.removeprefix("data: ")) for e in events]
+    assert [p["choices"][0]["delta"]["content"] for p in parsed] == ["a", "b"]
+    assert [p["id"] for p in parsed] == ["chatcmpl-ours"] * 2
+
+
+def test_an_event_cut_by_a_crlf_within_it_is_not_handed_on_in_pieces() -> None:
+    """An upstream line end (CRLF) inside an event: the reader sees its first half as the
+    event (the rest is not a `data:` line). Handed on, the client would get half an object;
+    it is parsed instead, and fails as a broken event does."""
+    head = 'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],'
+    reader = StreamReader(choices=1, raw=True)
+    with pytest.raises(ValueError):
+        reader.feed_lines([head + "\r", '"id":"chatcmpl-up"}'])
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 4, "completion_tokens": -1000},
+        {"prompt_tokens": -4, "completion_tokens": 2},
+        {"prompt_tokens": 4, "completion_tokens": 10**15},
+        {"prompt_tokens": 4, "completion_tokens": 2.5},
+        {"prompt_tokens": 4, "completion_tokens": "2"},
+    ],
+    ids=["negative-completion", "negative-prompt", "absurd", "fraction", "text"],
+)
+def test_a_usage_that_cannot_be_is_not_believed(usage: dict[str, Any]) -> None:
+    """Negative counts would be refunds to the key's budget, absurd ones charges: the
+    gateway's own count (a token per chunk with text) stands, and no prompt count."""
+    lines = [
+        _line(_chunk("a")),
+        _line(_chunk("b")),
+        _line(_chunk(None, "stop")),
+        _line({**USAGE, "usage": usage}),
+        "data: [DONE]",
+    ]
+    for raw in (True, False):
+        reader = StreamReader(choices=1, raw=raw, window=4096)
+        steps = [s for s in (reader.feed_lines([line]) for line in lines) if s is not None]
+        steps.append(reader.finish())
+        assert sum(d.num_tokens for s in steps for d in s.choices) == 2
+        assert all(d.num_tokens >= 0 for s in steps for d in s.choices)
+        assert steps[-1].prompt_tokens == 0

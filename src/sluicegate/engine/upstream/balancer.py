@@ -25,6 +25,7 @@ from collections.abc import Collection, Sequence
 
 from sluicegate.engine.upstream.config import AffinityConfig
 from sluicegate.engine.upstream.server import Upstream
+from sluicegate.errors import EngineUnavailableError, GatewayError
 from sluicegate.observability import metrics
 
 _POINTS_PER_WEIGHT = 64
@@ -80,6 +81,19 @@ class Balancer:
             metrics.UPSTREAM_AFFINITY_PICKS.labels(self.upstreams[chosen].label, result).inc()
             return chosen
         return self._two_choices(candidates)
+
+    def refusal(self, last: GatewayError | None, probe_interval: float) -> GatewayError:
+        """What a request gets when no upstream can take it: the error of its last try, if
+        any (it says why better: its breaker may have opened, or its Retry-After taken it
+        out, with nothing else left), else a 503. Either says when to come back: its
+        `Retry-After` is the time left until the first upstream may be tried again (an
+        unhealthy one's at the next health probe, every `probe_interval`), rounded up."""
+        error = last or EngineUnavailableError("No upstream is available.")
+        now = time.monotonic()
+        waits = [probe_interval if (w := u.wait(now)) is None else w for u in self.upstreams]
+        seconds = max(1, math.ceil(min(waits, default=probe_interval)))
+        error.headers.setdefault("retry-after", str(seconds))
+        return error
 
     def _two_choices(self, candidates: list[int]) -> int:
         if len(candidates) == 1:

@@ -78,6 +78,13 @@ class Breaker:
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial)
 
+    def wait(self) -> float:
+        """Seconds until it lets a request through: while open, what is left of
+        `open_seconds`; else 0 (a half-open trial already out may end any moment)."""
+        if not self._open:
+            return 0.0
+        return max(0.0, self._config.open_seconds - (self._clock() - self._opened_at))
+
     def acquire(self) -> Ticket | None:
         """The right to send one request (in half-open, the one trial), or None."""
         state = self.state

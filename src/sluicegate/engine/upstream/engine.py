@@ -49,6 +49,13 @@ from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.upstream.balancer import Balancer
 from sluicegate.engine.upstream.breaker import STATE_VALUES, BreakerState, Ticket
 from sluicegate.engine.upstream.config import UpstreamConfig
+from sluicegate.engine.upstream.discovery import (
+    HEALTH_TIMEOUT,
+    UpstreamStartError,
+    discover,
+    listing_of,
+    refresh_listing,
+)
 from sluicegate.engine.upstream.reads import coalesced
 from sluicegate.engine.upstream.retry import RETRY_STATUSES, RetryBudget, backoff, retry_after
 from sluicegate.engine.upstream.server import Upstream
@@ -59,6 +66,7 @@ from sluicegate.engine.upstream.wire import (
     UpstreamStreamError,
     error_fields,
     request_body,
+    token_count,
 )
 from sluicegate.errors import (
     BadGatewayError,
@@ -73,7 +81,6 @@ from sluicegate.observability import metrics
 logger = logging.getLogger(__name__)
 
 _ERROR_BODY_BYTES = 64 * 1024
-_HEALTH_TIMEOUT = 2.0
 _CREDENTIALS_REFUSED = frozenset({401, 403, 407})
 _PASSED_ON = frozenset({400, 404, 413, 422})
 """Refusals of the request itself, passed on with their status (others are a 502)."""
@@ -141,7 +148,7 @@ class UpstreamEngine:
             for url, weight in config.urls
         ]
         try:
-            found, card = await _discover(upstreams, wait, config.model)
+            found, card = await discover(upstreams, wait, config.model)
             model = str(card["id"])
             max_model_len = int(card.get("max_model_len") or config.max_model_len)
             tokenizer = await _tokenizer(config, found, model)
@@ -220,15 +227,15 @@ class UpstreamEngine:
             if index is None:
                 # The try that failed last says why better than this would: its breaker
                 # may have opened, or its Retry-After taken it out, with nothing else left.
-                raise _unavailable(last)
+                raise self._refusal(last)
             tried.add(index)
             upstream = self._upstreams[index]
             ticket = upstream.breaker.acquire()
             if ticket is None:  # its half-open trial is taken
                 if len(tried) == len(self._upstreams):
-                    raise _unavailable(last)
+                    raise self._refusal(last)
                 continue
-            reader = StreamReader(choices=options.n, records=records, raw=raw)
+            reader = StreamReader(options.n, records, raw, window=self._max_model_len)
             listed = adapter is None or adapter in upstream.models
             exchange = _Exchange(upstream, ticket, reader, listed)
             try:
@@ -278,7 +285,8 @@ class UpstreamEngine:
         try:
             data = sorted(answer["data"], key=lambda item: int(item["index"]))
             vectors = [[float(x) for x in item["embedding"]] for item in data]
-            total = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+            reported = (answer.get("usage") or {}).get("prompt_tokens")
+            total = token_count(reported, self._max_model_len * len(prompts)) or 0
         except (KeyError, TypeError, ValueError) as exc:
             raise BadGatewayError("The upstream answered embeddings in another shape.") from exc
         if len(vectors) != len(prompts):
@@ -308,13 +316,13 @@ class UpstreamEngine:
         while True:
             index = self._balancer.pick(None, tried)
             if index is None:
-                raise _unavailable(last)
+                raise self._refusal(last)
             tried.add(index)
             upstream = self._upstreams[index]
             ticket = upstream.breaker.acquire()
             if ticket is None:
                 if len(tried) == len(self._upstreams):
-                    raise _unavailable(last)
+                    raise self._refusal(last)
                 continue
             exchange = _Exchange(upstream, ticket, StreamReader(choices=1))
             try:
@@ -579,6 +587,11 @@ class UpstreamEngine:
             upstream.hold_off(wait, rate_limited)
         return _TryFailed(_Failure(outcome, error, retryable, wait, elsewhere))
 
+    def _refusal(self, last: _Failure | None) -> GatewayError:
+        """What a request gets when no upstream can take it (`Balancer.refusal`)."""
+        error = None if last is None else last.error
+        return self._balancer.refusal(error, self._config.health_interval)
+
     def _retry_delay(
         self, upstream: Upstream, failure: _Failure, attempt: int, tried: set[int]
     ) -> float | None:
@@ -618,7 +631,7 @@ class UpstreamEngine:
 
     async def _probe(self, upstream: Upstream) -> None:
         sent = time.monotonic()
-        timeout = min(_HEALTH_TIMEOUT, self._config.health_interval)
+        timeout = min(HEALTH_TIMEOUT, self._config.health_interval)
         lists_models = self._config.health_path.rstrip("/") == "/v1/models"
         try:
             response = await upstream.client.get(
@@ -626,11 +639,11 @@ class UpstreamEngine:
             )
             answered = response.status_code == 200
             if answered and lists_models:
-                upstream.models = _listed(response)
+                upstream.models = listing_of(response)
         except httpx.HTTPError:
             answered = False
         if answered and not lists_models:
-            await _refresh_listing(upstream, timeout)
+            await refresh_listing(upstream, timeout)
         upstream.failed_probes = 0 if answered else upstream.failed_probes + 1
         if answered:
             upstream.probe_answered(sent)
@@ -668,91 +681,6 @@ class _TryFailed(Exception):
         self.failure = failure
 
 
-async def _discover(
-    upstreams: list[Upstream], wait: float, wanted: str | None = None
-) -> tuple[Upstream, dict[str, Any]]:
-    """The first upstream whose `/v1/models` lists the model (`wanted`, else its first one),
-    and that model's card. What each upstream lists is kept (`Upstream.models`)."""
-    deadline = time.monotonic() + wait
-    while True:
-        found: tuple[Upstream, dict[str, Any]] | None = None
-        for upstream in upstreams:
-            cards = await _cards(upstream, _HEALTH_TIMEOUT)
-            if cards is None:
-                continue
-            upstream.models = _parents(cards)
-            if found is not None:
-                continue
-            card = _card_for(cards, wanted)
-            if card is not None:
-                if wanted is None and len(cards) > 1 and not _all_of(cards, card):
-                    logger.warning(
-                        "upstream %s serves %d models; sluicegate serves the first, %s "
-                        "(`upstream_model` in a models file picks another)",
-                        upstream.label,
-                        len(cards),
-                        card.get("id"),
-                    )
-                found = (upstream, card)
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            names = ", ".join(u.label for u in upstreams)
-            which = "any model" if wanted is None else f"the model {wanted!r}"
-            raise UpstreamStartError(
-                f"no upstream listed {which} in GET /v1/models within {wait:g} s ({names})"
-            )
-        await asyncio.sleep(1.0)
-
-
-async def _cards(upstream: Upstream, wait: float) -> list[dict[str, Any]] | None:
-    """The model cards of the upstream's `/v1/models`, or None if it did not answer so."""
-    try:
-        response = await upstream.client.get("/models", timeout=wait)
-        cards = response.json().get("data") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    if not isinstance(cards, list):
-        return None
-    return [c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)]
-
-
-def _card_for(cards: list[dict[str, Any]], wanted: str | None) -> dict[str, Any] | None:
-    if wanted is not None:
-        return next((c for c in cards if c["id"] == wanted), None)
-    return cards[0] if cards else None
-
-
-def _all_of(cards: list[dict[str, Any]], base: dict[str, Any]) -> bool:
-    """Whether the other cards are the base model's adapters (vLLM lists them so)."""
-    return all(c is base or c.get("parent") == base["id"] for c in cards)
-
-
-def _parents(cards: list[dict[str, Any]]) -> dict[str, str | None]:
-    parents: dict[str, str | None] = {}
-    for card in cards:
-        parent = card.get("parent")
-        parents[card["id"]] = parent if isinstance(parent, str) else None
-    return parents
-
-
-def _listed(response: httpx.Response) -> dict[str, str | None]:
-    """A probe's `/v1/models` answer as a listing (empty if it is not one)."""
-    try:
-        cards = response.json().get("data")
-    except (ValueError, AttributeError):
-        return {}
-    if not isinstance(cards, list):
-        return {}
-    return _parents([c for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)])
-
-
-async def _refresh_listing(upstream: Upstream, wait: float) -> None:
-    cards = await _cards(upstream, wait)
-    if cards is not None:
-        upstream.models = _parents(cards)
-
-
 async def _tokenizer(
     config: UpstreamConfig, upstream: Upstream, model: str
 ) -> PromptTokenizer | None:
@@ -787,15 +715,6 @@ def _local_tokenizer(name: str) -> PromptTokenizer:
         return HFPromptTokenizer(tokenizer)
     except (OSError, ValueError) as exc:
         raise UpstreamStartError(f"the tokenizer {name} cannot be loaded: {exc}") from exc
-
-
-class UpstreamStartError(Exception):
-    """Upstream mode cannot start; one line for the operator."""
-
-
-def _unavailable(last: _Failure | None) -> GatewayError:
-    """What a request gets when no upstream can take it: the error of its last try, if any."""
-    return EngineUnavailableError("No upstream is available.") if last is None else last.error
 
 
 # Labelled children, looked up once: `labels()` costs more than the increment. Labels come

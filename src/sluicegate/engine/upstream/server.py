@@ -118,6 +118,13 @@ class Upstream:
         now = time.monotonic() if now is None else now
         return self.healthy and now >= self.not_before and self.breaker.available()
 
+    def wait(self, now: float) -> float | None:
+        """Seconds from `now` until it may be sent a request again (its `Retry-After`, its
+        breaker), or None while it is unhealthy: only a health probe can tell."""
+        if not self.healthy:
+            return None
+        return max(self.not_before - now, self.breaker.wait(), 0.0)
+
     async def close(self) -> None:
         await self.client.aclose()
 

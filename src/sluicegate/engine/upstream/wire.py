@@ -10,6 +10,7 @@ unless the client asked for them.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from sluicegate.engine.protocol import (
     TokenLogprob,
 )
 from sluicegate.engine.upstream.tool_calls import encode_call_fragment, encode_content
+
+logger = logging.getLogger(__name__)
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -171,6 +174,9 @@ class StreamReader:
     """Pass-through (`SamplingOptions.pass_through`, one choice): each step's delta carries
     the events it came from (`ChoiceDelta.raw`), and a plain chunk (text, no finish reason,
     usage or error) is handed on without being parsed."""
+    window: int = 1 << 20
+    """The model's context window: a usage that counts more than the request could have used
+    (a prompt above it, or more completion tokens than `choices` windows) is not believed."""
     counted: dict[int, int] = field(default_factory=dict)
     held: list[ChoiceDelta] = field(default_factory=list)
     usage: Usage | None = None
@@ -210,6 +216,13 @@ class StreamReader:
             if not line.startswith("data:") or self.done:
                 continue
             data = line[5:].strip()
+            if "\r" in data:
+                # A CR ends a line for the client's SSE parser: handed on, this event would
+                # reach it as two lines. Valid JSON holds a bare CR only between tokens,
+                # where it goes without a change of meaning (in a string it fails to parse,
+                # as any broken event does).
+                fast_json.loads(data)
+                data = data.replace("\r", "")
             if _plain_chunk(data):
                 passed.append(data)
                 if not _empty_text(data):
@@ -253,9 +266,14 @@ class StreamReader:
             raise UpstreamStreamError(event["error"])
         usage = event.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(
-                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-            )
+            prompt = token_count(usage.get("prompt_tokens"), self.window)
+            completion = token_count(usage.get("completion_tokens"), self.window * self.choices)
+            if prompt is None or completion is None:
+                # Negative counts would be refunds to the key's budget and quotas, absurd
+                # ones charges it never ran up: the gateway's own counts stand instead.
+                logger.warning("an upstream reported a usage that cannot be: %.200r", usage)
+            else:
+                self.usage = Usage(prompt, completion)
         return event
 
     def finish(self) -> EngineStep:
@@ -292,11 +310,29 @@ class StreamReader:
             self.held.append(delta)
 
 
+def token_count(value: Any, most: int) -> int | None:
+    """A token count an upstream reported (absent: 0), or None when it cannot be one: not a
+    whole number, negative, or above `most`."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value != value or not 0 <= value <= most or value != int(value):
+        return None
+    return int(value)
+
+
 def _plain_chunk(data: str) -> bool:
     """Whether an event is a choice chunk with no finish reason, usage or error: the
     markers are looked for as compact JSON writes them, outside strings (where every quote
-    is escaped, so none can match). A server that writes spaced JSON has every event parsed."""
-    return '"finish_reason":null' in data and '"usage":{' not in data and '"error":' not in data
+    is escaped, so none can match). A server that writes spaced JSON has every event parsed,
+    and so has one cut short (an event broken by a line end within it)."""
+    return (
+        '"finish_reason":null' in data
+        and '"usage":{' not in data
+        and '"error":' not in data
+        and data.endswith("}")
+    )
 
 
 def _empty_text(data: str) -> bool:

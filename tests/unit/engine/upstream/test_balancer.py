@@ -101,3 +101,24 @@ def test_an_adapter_goes_to_the_upstreams_that_list_it_within_their_load_bound()
     upstreams[2].in_flight = 0
     upstreams[2].healthy = False
     assert 2 not in {balancer.pick(prefer=listing) for _ in range(200)}
+
+
+def test_a_refusal_says_when_the_first_upstream_may_be_tried_again() -> None:
+    """The soonest of: a `Retry-After` wait, an open breaker's, an unhealthy upstream's next
+    probe; rounded up, at least 1 s; a failure that says it already keeps its own."""
+    from sluicegate.errors import EngineUnavailableError, RateLimitError
+
+    upstreams = _upstreams(1, 1)
+    balancer = Balancer(upstreams)
+    upstreams[0].hold_off(100, rate_limited=True)
+    upstreams[1].healthy = False
+    refused = balancer.refusal(None, probe_interval=5)
+    assert isinstance(refused, EngineUnavailableError)
+    assert refused.headers["retry-after"] == "5"
+    upstreams[1].healthy = True
+    upstreams[1].hold_off(30.2, rate_limited=True)
+    assert balancer.refusal(None, probe_interval=5).headers["retry-after"] in ("31", "30")
+    own = RateLimitError("limited", headers={"retry-after": "7"})
+    assert balancer.refusal(own, probe_interval=5).headers["retry-after"] == "7"
+    upstreams[1].not_before = 0.0
+    assert balancer.refusal(None, probe_interval=5).headers["retry-after"] == "1"

@@ -1,0 +1,86 @@
+"""The supervisor of several workers (`--workers 2`), as `sluicegate serve` runs it, in upstream
+mode over the fault upstream (no engine to load): a worker that stops answering is noticed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+from tests.support.gateway import (
+    GatewayProcess,
+    free_port,
+    launch_gateway,
+    peer_process,
+    wait_until_ready,
+)
+from tests.support.redis_server import shared_redis_url
+
+
+@contextlib.contextmanager
+def _upstream(folder: Path) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "tests.support.fault_upstream", "--port", str(port)]
+    log = folder / f"upstream-{port}.log"
+    with peer_process(command, f"http://127.0.0.1:{port}/health", log):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextlib.contextmanager
+def _gateway(folder: Path, upstream: str) -> Iterator[GatewayProcess]:
+    env = {
+        "SLUICEGATE_UPSTREAM_URLS": upstream,
+        "SLUICEGATE_REDIS_URL": shared_redis_url(),
+        "SLUICEGATE_SHUTDOWN_TIMEOUT": "5",
+        "SLUICEGATE_WORKER_STALL_TIMEOUT": "2",
+    }
+    gateway = launch_gateway(folder, "--workers", "2", env=env)
+    try:
+        yield wait_until_ready(gateway)
+    finally:
+        # A stopped worker takes no SIGTERM: the whole group goes, however the test ended.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(gateway.process.pid, signal.SIGCONT)
+        gateway.stop(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(gateway.process.pid, signal.SIGKILL)
+
+
+def _workers(gateway: GatewayProcess) -> list[psutil.Process]:
+    children = psutil.Process(gateway.process.pid).children()
+    return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+
+def test_a_worker_that_stops_answering_is_killed_and_the_gateway_exits(tmp_path: Path) -> None:
+    """A worker whose event loop has no turn for WORKER_STALL_TIMEOUT (here: stopped) would
+    keep its share of the port's new connections unanswered for good. The supervisor kills it;
+    then, as after a crash, the other drains and the gateway exits for its orchestrator to
+    start it again."""
+    with _upstream(tmp_path) as upstream, _gateway(tmp_path, upstream) as gateway:
+        workers = _workers(gateway)
+        assert len(workers) == 2
+        workers[0].send_signal(signal.SIGSTOP)
+        try:
+            # Expected within the 2 s timeout and a 5 s drain: the bound only guards a hang.
+            code = gateway.process.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code not in (None, 0), "the supervisor did not notice the stopped worker"
+        log = gateway.log()
+        assert f"(pid {workers[0].pid}) has not run its event loop" in log
+        assert not workers[1].is_running() or workers[1].status() == psutil.STATUS_ZOMBIE
+
+
+def test_workers_that_answer_are_left_alone(tmp_path: Path) -> None:
+    """The same timeout while both workers' loops turn: nothing is killed."""
+    with _upstream(tmp_path) as upstream, _gateway(tmp_path, upstream) as gateway:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            gateway.process.wait(5)
+        assert gateway.process.poll() is None
+        assert "has not run its event loop" not in gateway.log()
