@@ -66,7 +66,8 @@ _IDLE_SECONDS = 60.0
 _HOLD_SYNCS = 10
 """A process holds headroom for a key that had a request within this many syncs."""
 _PROCESS_SECONDS = 10.0
-"""A process counts among those sharing a key this long after its last call about it."""
+"""A process counts among those sharing a key this long after its last call while the key
+was in use there (a request within `_HOLD_SYNCS` syncs)."""
 
 # Every change to a counter carries this process's id and a number that grows with each
 # change it makes to that counter; a hash beside the counter holds, per process, the last
@@ -76,13 +77,14 @@ _PROCESS_SECONDS = 10.0
 #
 # KEYS: the counter, its hash of numbers applied, its set of processes (by last call).
 # ARGV: the counter's TTL, this process's id, the limit, the amount to reserve (0: none),
-# its number, now (Unix seconds), how long a process counts after its last call, then
-# number, amount, ... of the changes. Returns {allowed, used after, processes}.
+# its number, now (Unix seconds), how long a process counts after its last call, whether
+# this one counts now (1: its key is in use here, 0: only read), then number, amount, ...
+# of the changes. Returns {allowed, used after, processes}.
 _RESERVE = """
 local ttl, process = ARGV[1], ARGV[2]
 local last = tonumber(redis.call('HGET', KEYS[2], process) or '0')
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local i = 8
+local i = 9
 while ARGV[i] do
   local number, amount = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   if number > last then
@@ -105,7 +107,7 @@ redis.call('SET', KEYS[1], used, 'EX', ttl)
 redis.call('HSET', KEYS[2], process, last)
 redis.call('EXPIRE', KEYS[2], ttl)
 local now = tonumber(ARGV[6])
-redis.call('ZADD', KEYS[3], now, process)
+if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], now, process) end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[7]))
 redis.call('EXPIRE', KEYS[3], ttl)
 return {allowed, used, redis.call('ZCARD', KEYS[3])}
@@ -225,6 +227,8 @@ class _Sync:
 
     counter: _Counter
     changes: list[tuple[int, int]]
+    in_use: bool
+    """Whether the key is in use here: then this process counts among those sharing it."""
     number: int = 0
     amount: int = 0
 
@@ -387,7 +391,7 @@ class BudgetKeeper:
             async with asyncio.timeout(self.op_timeout):
                 allowed, used, processes = await self._reserve(
                     keys=self._keys(counter),
-                    args=self._args(counter, budget.limit, amount, number, changes),
+                    args=self._args(counter, budget.limit, amount, number, changes, True),
                 )
         except BaseException as exc:
             counter.change(number, amount)  # made there at most once
@@ -479,9 +483,9 @@ class BudgetKeeper:
             more = wanted - counter.headroom
             changes = list(counter.changes)
             if more > 0:
-                syncs.append(_Sync(counter, changes, counter.number(), more))
+                syncs.append(_Sync(counter, changes, not idle, counter.number(), more))
             else:
-                syncs.append(_Sync(counter, changes))
+                syncs.append(_Sync(counter, changes, not idle))
         return syncs
 
     async def _send(self, syncs: list[_Sync]) -> list[Any]:
@@ -491,7 +495,7 @@ class BudgetKeeper:
             # The headroom stays below the margin: the last tenth is reserved request by
             # request, so that no process holds what another's request could use.
             limit = counter.budget.limit - counter.margin
-            args = self._args(counter, limit, sync.amount, sync.number, sync.changes)
+            args = self._args(counter, limit, sync.amount, sync.number, sync.changes, sync.in_use)
             await self._reserve(keys=self._keys(counter), args=args, client=pipe)
         async with asyncio.timeout(self.op_timeout * 4):
             return list(await pipe.execute())
@@ -506,10 +510,11 @@ class BudgetKeeper:
         amount: int,
         number: int,
         changes: list[tuple[int, int]],
+        in_use: bool,
     ) -> list[int | float | str]:
         return [
             counter.ttl, self._process, limit, amount, number, time.time(), _PROCESS_SECONDS,
-            *_flat(changes),
+            int(in_use), *_flat(changes),
         ]  # fmt: skip
 
     def _answered(
