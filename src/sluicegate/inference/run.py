@@ -73,7 +73,6 @@ class Run:
         no tokenizer here counts, known once their first step came)."""
         return sum(len(p.ids) for p in self.prompts) + sum(self.counted.values())
 
-    @property
     def uncounted_prompt_bound(self) -> int:
         """At most how many tokens the prompts no tokenizer here counted may take, to be
         reserved before the run: one per byte of their text (a token is at least a byte), a

@@ -143,13 +143,14 @@ class Quotas:
         counted: bool = False,
         model: ModelQuota | None = None,
         answered_tokens: int = 0,
-        estimated: int = 0,
+        estimated: Callable[[], int] | None = None,
     ) -> Reservation:
         """Admit a request: take its sequences, count it (unless `enter` has: `counted`)
-        and its possible tokens, against its key's limits and its `model`'s. `estimated`:
-        at most how many tokens its prompts no tokenizer here counts may take, reserved
-        against its key's budget (the rate limits charge them once the engine has counted
-        them: a bound far above the count must not refuse a request that fits).
+        and its possible tokens, against its key's limits and its `model`'s. `estimated`
+        gives at most how many tokens its prompts no tokenizer here counts may take (asked
+        only for a key with a budget: it reads the whole prompt), reserved against the
+        budget alone (the rate limits charge them once the engine has counted them: a bound
+        far above the count must not refuse a request that fits).
 
         Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share,
         `KeyRateLimitError` (429) when a limit of the key is used up or the request could
@@ -173,7 +174,7 @@ class Quotas:
             if not decision.allowed:
                 _refuse(decision)
             budget = await self._reserve_budget(
-                key_id, prompt_tokens + estimated, completion_tokens, model
+                key_id, prompt_tokens, completion_tokens, model, estimated
             )
         except BaseException:
             self.share.give_back(key_id, sequences)
@@ -206,12 +207,15 @@ class Quotas:
         prompt_tokens: int,
         completion_tokens: int,
         model: ModelQuota | None,
+        estimated: Callable[[], int] | None = None,
     ) -> BudgetHold | None:
         """Reserve the request's possible cost against its key's budget, if it has one."""
         policy = self.policies(key_id)
         if self.budgets is None or policy is None or policy.budget is None:
             return None
         budget = policy.budget
+        if estimated is not None:
+            prompt_tokens += estimated()
         amount = _spend(budget, model, prompt_tokens, completion_tokens)
         hold = self.budgets.reserve_here(key_id, budget, amount)
         return hold if hold is not None else await self.budgets.reserve(key_id, budget, amount)
