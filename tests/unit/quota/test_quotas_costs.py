@@ -169,3 +169,14 @@ def test_a_request_the_engine_fails_before_its_first_token_is_charged_nothing(
         # No prompt was read and nothing produced: the limit is whole but for the probe's
         # 4 + 1 (each failure's prompt kept would leave 12 fewer, a token a second back).
         assert remaining_after(url) == TPM - PROMPT - 1
+
+
+def test_a_request_whose_client_left_before_the_first_token_is_charged_nothing() -> None:
+    engine = FakeEngine(words=WORDS, delays=[5.0] * 30)
+    with serve_in_thread(fake_app(engine, rate_limit_tokens_per_minute=TPM)) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=chat(), timeout=0.5)
+        wait_idle(engine)
+        engine.delays = None
+        # The engine never answered it: the limit is whole but for the probe's 4 + 1.
+        assert remaining_after(url) == TPM - PROMPT - 1
