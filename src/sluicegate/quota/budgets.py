@@ -378,12 +378,28 @@ class BudgetKeeper:
             counter.local_since += delta
 
     async def _reserve_in_redis(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
-        """Reserve in Redis, atomically against every replica, after the changes this
-        process has not yet seen confirmed. A reservation whose answer does not come (Redis
-        down, too slow, the caller gone) may have been made there: it is decided here
-        instead, and kept as a numbered change, so that it counts once (or, refused here, is
-        given back)."""
-        await self._ordered.acquire()
+        """Reserve in Redis, atomically against every replica, what this process's headroom
+        does not cover (all of it, if a sync brought headroom meanwhile: then nothing), after
+        the changes this process has not yet seen confirmed."""
+        async with self._ordered:
+            held = min(counter.headroom, amount)
+            counter.headroom -= held
+            if held == amount:
+                return True
+            try:
+                allowed = await self._reserve_rest(counter, budget, amount - held)
+            except BaseException:
+                counter.headroom += held
+                raise
+            if not allowed:
+                counter.headroom += held
+            return allowed
+
+    async def _reserve_rest(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
+        """Reserve `amount` in Redis (under `_ordered`). A reservation whose answer does not
+        come (Redis down, too slow, the caller gone) may have been made there: it is decided
+        here instead, and kept as a numbered change, so that it counts once (or, refused
+        here, is given back)."""
         counter.number_unsent()
         number = counter.number()
         changes = list(counter.changes)
@@ -405,8 +421,6 @@ class BudgetKeeper:
             if failed:
                 return admitted
             raise
-        finally:
-            self._ordered.release()
         self._answered(counter, changes, int(used), int(processes), time.monotonic())
         self._down_until = 0.0
         return bool(allowed)

@@ -102,3 +102,24 @@ async def test_a_process_takes_headroom_for_a_busy_key_and_gives_it_back_when_id
     finally:
         await keeper.client.aclose()
         await other.client.aclose()
+
+
+async def test_a_request_larger_than_the_headroom_takes_it_and_the_rest_from_redis(
+    prefix: str,
+) -> None:
+    """Not refused for want of what its own process holds: the headroom covers part of it
+    (or all, when a sync under way brings it), Redis the rest."""
+    budget = KeyBudget(20 * REQUEST, "tokens", "day")
+    keeper = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
+    other = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
+    try:
+        await keeper.reserve("key-a", budget, REQUEST)  # in Redis
+        await keeper.sync()  # and twice that held here
+        await other.reserve("key-a", budget, 15 * REQUEST)
+        assert _counter(prefix) == 18 * REQUEST  # 4 left: 2 held here, 2 in Redis
+        hold = await keeper.reserve("key-a", budget, 3 * REQUEST)
+        assert hold.headers["x-sluicegate-budget-remaining"] == str(REQUEST)
+        assert _counter(prefix) == 19 * REQUEST
+    finally:
+        await keeper.client.aclose()
+        await other.client.aclose()
