@@ -10,18 +10,21 @@ a day after the period ends.
 
 Far from the end of a budget, a reservation costs no call to Redis: it is taken from the
 headroom this process holds for the key, which was reserved for it in Redis at a sync. Every
-`sync_interval` (0.1 s) each process adds in Redis what it charged and gave back, one pipelined
-call for all its keys, and takes the headroom it wants until the next sync: twice what its
-requests asked of the key since the last one, but at most its part of what is left before the
-last tenth of the budget, split by the processes that used the key in the last ten seconds (a
-sorted set beside the counter, by the time of each one's last call). A process whose requests
-for a key stop gives its headroom back within a second, and all of it when it closes; one that
-dies holds it until the period ends (at most its part of what was left, and twice what it
-admitted in a sync interval). Since all headroom is reserved in Redis, what every process
-admits in memory never passes the budget, however many there are; and the last tenth (as a
-request that does not fit the headroom) is reserved in Redis request by request, atomically
-against every replica. So what a key is served never passes its budget but by what a request
-costs beyond its reservation, and refusals begin within one request's reservation of it.
+`sync_interval` (0.1 s) each process adds in Redis what it charged and gave back, one
+pipelined call for all its keys, and takes the headroom it wants until the next sync: twice
+what its requests asked of the key since the last one, but at most its part of what is left
+before the last tenth of the budget, split by the processes that served the key in the last
+ten seconds (a sorted set beside the counter, by the time of each one's last call while it
+did). A process whose requests for a key stop gives its headroom back within a second, and all
+of it when it closes; one that dies holds it until the period ends (at most its part of what
+was left, and twice what it admitted in a sync interval). Since all headroom is reserved in
+Redis, what every process admits in memory never passes the budget, however many there are;
+and the last tenth (as a request that does not fit the headroom) is reserved in Redis request
+by request, atomically against every replica, in the same call that gives back the headroom
+its process holds (so a refusal leaves none held there). So what a key is served never passes
+its budget but by what a request costs beyond its reservation, and refusals begin within one
+request's reservation of it (and of what other processes hold until they spend it or give it
+back).
 
 Every change to a counter carries this process's id and a number of its own (one numbered
 call to Redis at a time per process, so numbers arrive in order); a hash beside the counter
@@ -378,22 +381,16 @@ class BudgetKeeper:
             counter.local_since += delta
 
     async def _reserve_in_redis(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
-        """Reserve in Redis, atomically against every replica, what this process's headroom
-        does not cover (all of it, if a sync brought headroom meanwhile: then nothing), after
-        the changes this process has not yet seen confirmed."""
+        """Reserve in Redis, atomically against every replica, after the changes this
+        process has not yet seen confirmed. The headroom this process holds goes back to
+        Redis in the same call, too little for this request (a refusal leaves none of the
+        budget held here), unless a sync under way brought enough: then it is taken."""
         async with self._ordered:
-            held = min(counter.headroom, amount)
-            counter.headroom -= held
-            if held == amount:
+            if amount <= counter.headroom:
+                counter.headroom -= amount
                 return True
-            try:
-                allowed = await self._reserve_rest(counter, budget, amount - held)
-            except BaseException:
-                counter.headroom += held
-                raise
-            if not allowed:
-                counter.headroom += held
-            return allowed
+            counter.give_back_headroom(counter.headroom)
+            return await self._reserve_rest(counter, budget, amount)
 
     async def _reserve_rest(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
         """Reserve `amount` in Redis (under `_ordered`). A reservation whose answer does not

@@ -104,11 +104,12 @@ async def test_a_process_takes_headroom_for_a_busy_key_and_gives_it_back_when_id
         await other.client.aclose()
 
 
-async def test_a_request_larger_than_the_headroom_takes_it_and_the_rest_from_redis(
+async def test_a_request_larger_than_the_headroom_gives_it_back_with_its_reservation(
     prefix: str,
 ) -> None:
-    """Not refused for want of what its own process holds: the headroom covers part of it
-    (or all, when a sync under way brings it), Redis the rest."""
+    """Reserved whole in Redis, in the same call that gives back what its process holds:
+    admitted if that makes room, and if refused, nothing is left held here that another
+    process's request could have used."""
     budget = KeyBudget(20 * REQUEST, "tokens", "day")
     keeper = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
     other = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
@@ -117,6 +118,9 @@ async def test_a_request_larger_than_the_headroom_takes_it_and_the_rest_from_red
         await keeper.sync()  # and twice that held here
         await other.reserve("key-a", budget, 15 * REQUEST)
         assert _counter(prefix) == 18 * REQUEST  # 4 left: 2 held here, 2 in Redis
+        with pytest.raises(BudgetExceededError):
+            await keeper.reserve("key-a", budget, 5 * REQUEST)
+        assert _counter(prefix) == 16 * REQUEST  # what it held went back
         hold = await keeper.reserve("key-a", budget, 3 * REQUEST)
         assert hold.headers["x-sluicegate-budget-remaining"] == str(REQUEST)
         assert _counter(prefix) == 19 * REQUEST
