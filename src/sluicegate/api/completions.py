@@ -204,8 +204,8 @@ class Exchange:
                 return await self.stream_events(deltas)
             return await self.collect(deltas)
         except BaseException:
-            # Nothing was produced, or the run has settled already (then this does nothing).
-            await self._settle(0)
+            # Nothing was used, or the run has settled already (then this does nothing).
+            await self._settle(0, 0)
             raise
 
     async def admit(self) -> None:
@@ -221,6 +221,7 @@ class Exchange:
             priority=run.priority,
             counted=counted(self.request.scope),
             model=self.model.quota,
+            estimated=run.uncounted_prompt_bound,
         )
         self.headers.update(self.reservation.headers)
         self.run = dataclasses.replace(run, priority=self.reservation.priority, key_id=self.key_id)
@@ -251,7 +252,7 @@ class Exchange:
                 completion.completion_tokens,
                 cached=completion.prompt_tokens,
             )
-        await self._settle(completion.completion_tokens)
+        await self._settle(completion.completion_tokens, completion.prompt_tokens)
         if self.answered is not None:
             await self.answered()
         return Response(answer.body, headers={**answer.headers, **self.headers})
@@ -325,10 +326,10 @@ class Exchange:
         if self.reservation is not None:
             self.state.quotas.runs_elsewhere(self.reservation)
 
-    async def _settle(self, completion_tokens: int, prompt_tokens: int = 0) -> None:
-        """Charge what the run produced (and the prompt tokens only the engine counted)
-        instead of what was reserved; free its sequences. Runs once, however the exchange
-        ended (`Quotas.release` ignores later calls)."""
+    async def _settle(self, completion_tokens: int, prompt_tokens: int) -> None:
+        """Charge what the run used (nothing for a run no engine took up) instead of what
+        was reserved; free its sequences. Runs once, however the exchange ended, even for
+        each model of a fallback chain (`Quotas.release` ignores later calls)."""
         if self.reservation is not None:
             await self.state.quotas.release(self.reservation, completion_tokens, prompt_tokens)
 

@@ -179,8 +179,8 @@ async def embed(
         vectors = await batch.compute(prompts, lambda todo: service.compute(todo, dimensions, rid))
         used = sum(e.prompt_tokens for e in vectors)
     finally:
-        # Tokens only the engine counted (texts sent to an upstream without a tokenizer).
-        await state.quotas.release(reservation, 0, prompt_tokens=max(0, used - reserved))
+        # What the engine counted (none when it failed): charged instead of the reservation.
+        await state.quotas.release(reservation, 0, prompt_tokens=used)
     if (record := current_request()) is not None:
         record.add_usage(used, 0, cached=batch.cached_tokens())
     return Embedded(vectors, used, {"x-cache": batch.outcome, **reservation.headers})

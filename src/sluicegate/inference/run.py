@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import orjson
+
 from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
@@ -56,6 +58,8 @@ class Run:
     counted: dict[int, int] = field(default_factory=dict)
     """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does
     not know (an upstream without a tokenizer); filled in as the run goes."""
+    began: set[int] = field(default_factory=set)
+    """The prompts the engine took up (a step of theirs came); filled in as the run goes."""
 
     def engine_request_id(self, prompt_index: int) -> str:
         return self.id if len(self.prompts) == 1 else f"{self.id}-{prompt_index}"
@@ -65,13 +69,35 @@ class Run:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(p.ids) for p in self.prompts) + self.uncounted_prompt_tokens
+        """Its prompts' tokens: as tokenized here, or as the engine counted them (for those
+        no tokenizer here counts, known once their first step came)."""
+        return sum(len(p.ids) for p in self.prompts) + sum(self.counted.values())
 
-    @property
-    def uncounted_prompt_tokens(self) -> int:
-        """Prompt tokens only the engine counted: not reserved before the run, so charged
-        with its completion tokens when it ends."""
-        return sum(self.counted.values())
+    def uncounted_prompt_bound(self) -> int:
+        """At most how many tokens the prompts no tokenizer here counted may take, to be
+        reserved before the run: one per byte of their text (a token is at least a byte), a
+        chat's in its JSON (whose syntax stands for its template's tokens), and
+        `TEMPLATE_TOKENS` more for each."""
+        total = 0
+        for prompt in self.prompts:
+            if prompt.ids:
+                continue
+            if prompt.text is not None:
+                total += len(prompt.text.encode("utf-8", "surrogatepass")) + TEMPLATE_TOKENS
+            elif (chat := prompt.chat) is not None:
+                text = orjson.dumps([chat.messages, chat.tools], default=str)
+                total += len(text) + TEMPLATE_TOKENS
+        return total
+
+    def used_prompt_tokens(self, answered: bool) -> int:
+        """The prompt tokens the run used: those of the prompts the engine took up. For a
+        run whose output came from another's (an identical request's), all of them once
+        some came (`answered`)."""
+        if not self.began:
+            return self.prompt_tokens if answered else 0
+        return sum(
+            len(self.prompts[index].ids) or self.counted.get(index, 0) for index in self.began
+        )
 
     def plain_stream(self) -> bool:
         """Whether the run, streamed, could be its engine's own events (`wire.passthrough`):
@@ -100,6 +126,11 @@ class Run:
     def sequences_param(self) -> str:
         """The parameter to name when the run starts too many sequences."""
         return sequences_param(len(self.prompts), self.options.n)
+
+
+TEMPLATE_TOKENS = 256
+"""Tokens a prompt no tokenizer here counts may take beyond its text: special tokens, a chat
+template's headers and the default system prompt some templates add."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,8 +52,9 @@ from sluicegate.wire.tools import ToolSetup
 
 T = TypeVar("T")
 OnEnd = Callable[[int, int], Awaitable[None]]
-"""Told the tokens a run used beyond what was reserved for its prompt, once it has ended:
-its completion tokens, and the prompt tokens only the engine counted."""
+"""Told the tokens a run used, once it has ended: its completion tokens, and the prompt
+tokens the engine took up (none when it never began: refused or failed before its first
+step, or abandoned before it)."""
 
 
 class DeltaSource(Protocol):
@@ -412,18 +413,20 @@ class CompletionService:
 
         `deltas` is where the output comes from (the engine by default; the response cache
         hands in another request's live output); it is closed with the collection. `on_end`
-        gets the completion tokens produced however the run ended: finished, failed, or
-        cancelled (the client left, the time ran out)."""
+        gets the tokens used however the run ended: finished, failed, or cancelled (the client
+        left, the time ran out)."""
         collector = Collector(range(run.expected_choices))
         source = self.generate(run) if deltas is None else deltas
+        answered = False
         try:
             async with contextlib.aclosing(source):
                 async for delta in source:
+                    answered = True
                     collector.add(delta)
         finally:
             if on_end is not None:
                 produced = collector.completion(run.prompt_tokens).completion_tokens
-                await on_end(produced, run.uncounted_prompt_tokens)
+                await on_end(produced, run.used_prompt_tokens(answered))
         return collector.completion(run.prompt_tokens)
 
     def stream(
@@ -436,8 +439,8 @@ class CompletionService:
         """SSE events for the run, without the closing `[DONE]` (the stream layer adds it).
 
         `on_finish` gets what the run produced (counts only: a stream keeps no text) once it
-        has ended normally; `on_end` the completion tokens produced, however the stream ended
-        (finished, failed, abandoned). `deltas` as for `collect`."""
+        has ended normally; `on_end` the tokens used, however the stream ended (finished,
+        failed, abandoned). `deltas` as for `collect`."""
         source = self.generate(run) if deltas is None else deltas
         return _events(run, source, on_finish, on_end)
 
@@ -473,6 +476,7 @@ class CompletionService:
             ) as telemetry:
 
                 def seen(prompt_index: int, step: EngineStep) -> None:
+                    run.began.add(prompt_index)
                     if telemetry.step(prompt_index, step):
                         # Its first token came after a failed try elsewhere (an upstream
                         # retried): a delay the queue does not model, not taught.
@@ -559,10 +563,12 @@ async def _events(
         writer = stream_writer(fmt)
     unfinished = run.expected_choices
     last = b""
+    answered = False
     try:
         async with contextlib.aclosing(deltas):
             try:
                 async for delta in deltas:
+                    answered = True
                     events = b"".join(writer.events(delta))
                     if delta.finish_reason is not None:
                         unfinished -= 1
@@ -584,7 +590,7 @@ async def _events(
         # Also when the stream is closed early: the tokens sent so far were produced.
         if on_end is not None:
             produced = writer.completion(run.prompt_tokens).completion_tokens
-            await on_end(produced, run.uncounted_prompt_tokens)
+            await on_end(produced, run.used_prompt_tokens(answered))
 
 
 async def _merge(

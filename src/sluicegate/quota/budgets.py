@@ -8,14 +8,23 @@ ends, however it ends, the reservation is replaced by what it did cost. Redis ho
 counter per key, period and unit, `<prefix>:budget:{<key id>}:<period>:<unit>`, which expires
 a day after the period ends.
 
-Far from the end of a budget, a reservation costs no call to Redis: each process charges it
-in memory, and every `sync_interval` (0.1 s) adds what it charged in Redis and reads back
-what every replica has used, one pipelined call for all its keys. Near the end (less than a
-tenth of the budget left, or less than 64 times the request), or when the last read is more
-than three syncs old, each reservation is made in Redis, atomically against every replica:
-then what a key is served never passes its budget, and refusals begin within one request's
-reservation of it. The fast path's only assumption is that the replicas together do not spend
-a tenth of a key's budget between two syncs.
+Far from the end of a budget, a reservation costs no call to Redis: it is taken from the
+headroom this process holds for the key, which was reserved for it in Redis at a sync. Every
+`sync_interval` (0.1 s) each process adds in Redis what it charged and gave back, one
+pipelined call for all its keys, and takes the headroom it wants until the next sync: twice
+what its requests asked of the key since the last one, but at most its part of what is left
+before the last tenth of the budget, split by the processes that served the key in the last
+ten seconds (a sorted set beside the counter, by the time of each one's last call while it
+did). A process whose requests for a key stop gives its headroom back within a second, and all
+of it when it closes; one that dies holds it until the period ends (at most its part of what
+was left, and twice what it admitted in a sync interval). Since all headroom is reserved in
+Redis, what every process admits in memory never passes the budget, however many there are;
+and the last tenth (as a request that does not fit the headroom) is reserved in Redis request
+by request, atomically against every replica, in the same call that gives back the headroom
+its process holds (so a refusal leaves none held there). So what a key is served never passes
+its budget but by what a request costs beyond its reservation, and refusals begin within one
+request's reservation of it (and of what other processes hold until they spend it or give it
+back).
 
 Every change to a counter carries this process's id and a number of its own (one numbered
 call to Redis at a time per process, so numbers arrive in order); a hash beside the counter
@@ -39,7 +48,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import redis.asyncio
 from redis.exceptions import RedisError
@@ -57,63 +66,56 @@ logger = logging.getLogger(__name__)
 
 _FAILURES = (TimeoutError, OSError, RedisError)
 _KEEP_AFTER_PERIOD = 86400
-_STALE_SYNCS = 3
-"""A counter last read from Redis more syncs ago than this is asked again before a charge."""
-_MARGIN_REQUESTS = 64
 _IDLE_SECONDS = 60.0
+_HOLD_SYNCS = 10
+"""A process holds headroom for a key that had a request within this many syncs."""
+_PROCESS_SECONDS = 10.0
+"""A process counts among those sharing a key this long after its last call while the key
+was in use there (a request within `_HOLD_SYNCS` syncs)."""
 
 # Every change to a counter carries this process's id and a number that grows with each
 # change it makes to that counter; a hash beside the counter holds, per process, the last
-# number applied. The scripts apply changes in order and skip those already applied, so a
-# change sent again (its reply lost, its caller gone) counts once.
-_APPLY = """
-local function apply(first)
-  local last = tonumber(redis.call('HGET', KEYS[2], ARGV[first]) or '0')
-  local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-  local i = first + 1
-  while ARGV[i] do
-    local number, amount = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-    if number > last then
-      used = math.max(0, used + amount)
-      last = number
-    end
-    i = i + 2
+# number applied. The script applies changes in order and skips those already applied, so a
+# change sent again (its reply lost, its caller gone) counts once; then it reserves, if that
+# leaves the counter within the limit given.
+#
+# KEYS: the counter, its hash of numbers applied, its set of processes (by last call).
+# ARGV: the counter's TTL, this process's id, the limit, the amount to reserve (0: none),
+# its number, now (Unix seconds), how long a process counts after its last call, whether
+# this one counts now (1: its key is in use here, 0: only read), then number, amount, ...
+# of the changes. Returns {allowed, used after, processes}.
+_RESERVE = """
+local ttl, process = ARGV[1], ARGV[2]
+local last = tonumber(redis.call('HGET', KEYS[2], process) or '0')
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local i = 9
+while ARGV[i] do
+  local number, amount = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if number > last then
+    used = math.max(0, used + amount)
+    last = number
   end
-  redis.call('SET', KEYS[1], used, 'EX', ARGV[first - 1])
-  redis.call('HSET', KEYS[2], ARGV[first], last)
-  redis.call('EXPIRE', KEYS[2], ARGV[first - 1])
-  return {used, last}
+  i = i + 2
 end
+local limit, amount, number = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local allowed = 1
+if number > last then
+  if used + amount > limit or (amount == 0 and used >= limit) then
+    allowed = 0
+  else
+    used = used + amount
+    last = number
+  end
+end
+redis.call('SET', KEYS[1], used, 'EX', ttl)
+redis.call('HSET', KEYS[2], process, last)
+redis.call('EXPIRE', KEYS[2], ttl)
+local now = tonumber(ARGV[6])
+if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], now, process) end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[7]))
+redis.call('EXPIRE', KEYS[3], ttl)
+return {allowed, used, redis.call('ZCARD', KEYS[3])}
 """
-
-# KEYS: the counter, its hash of numbers applied. ARGV: the counter's TTL, this process's
-# id, then number, amount, ... Returns what is used after.
-_ADD = (
-    _APPLY
-    + """
-return apply(2)[1]
-"""
-)
-
-# KEYS: as _ADD. ARGV: the budget, the amount to reserve, its number, what this process has
-# charged without a number yet (counted, not written), then as _ADD's. Applies the changes
-# first, then reserves. Returns {allowed, used after}. A request whose cost is not known
-# before (0) is refused once the budget is used up.
-_RESERVE = (
-    _APPLY
-    + """
-local state = apply(6)
-local used, last = state[1], state[2]
-local limit, amount, number = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if number <= last then return {1, used} end
-local seen = used + tonumber(ARGV[4])
-if seen + amount > limit or (amount == 0 and seen >= limit) then return {0, used} end
-used = used + amount
-redis.call('SET', KEYS[1], used, 'EX', ARGV[5])
-redis.call('HSET', KEYS[2], ARGV[6], number)
-return {1, used}
-"""
-)
 
 
 @dataclass(slots=True)
@@ -129,7 +131,8 @@ class _Counter:
     reset: str
     """When the period ends, as its header gives it."""
     used: int = 0
-    """What Redis said was used (and reserved) when last asked."""
+    """What Redis said was used, reserved and held (every process's headroom) when last
+    asked."""
     unsent: int = 0
     """Charged here since, not yet numbered to be added in Redis (negative: given back)."""
     changes: list[tuple[int, int]] = field(default_factory=list)
@@ -138,7 +141,15 @@ class _Counter:
     in_changes: int = 0
     """The sum of `changes`' amounts."""
     margin: int = 0
-    """What must be left after a reservation made here: a tenth of the budget."""
+    """What no process holds as headroom: the last tenth of the budget, reserved in Redis
+    request by request."""
+    headroom: int = 0
+    """Reserved in Redis for this process and not yet handed to a request: what it may admit
+    in memory."""
+    demand: int = 0
+    """What requests asked of it since the last sync."""
+    processes: int = 1
+    """The processes that used the counter lately, as Redis last said."""
     numbered: int = 0
     """The last number given to a change."""
     synced: float = -math.inf
@@ -152,6 +163,11 @@ class _Counter:
         """Charged here and not known to be in Redis (a change whose reply was lost may be
         counted twice here: the safe side)."""
         return self.unsent + self.in_changes
+
+    @property
+    def left(self) -> int:
+        """What is left of the budget as this process sees it (its own headroom unspent)."""
+        return self.budget.limit - self.used - self.pending + self.headroom
 
     def number(self) -> int:
         self.numbered += 1
@@ -175,9 +191,25 @@ class _Counter:
         self.budget = budget
         self.margin = budget.limit // 10
 
+    def wanted(self, idle: bool) -> int:
+        """The headroom to hold until the next sync: twice what requests asked since the last
+        one, within this process's part of what is left before the margin (none when idle)."""
+        if idle:
+            return 0
+        share = (self.budget.limit - self.margin - self.used + self.headroom) // self.processes
+        return max(0, min(share, 2 * self.demand))
+
+    def give_back_headroom(self, amount: int) -> None:
+        self.headroom -= amount
+        self.unsent -= amount
+
     @property
     def hash(self) -> str:
         return f"{self.name}:applied"
+
+    @property
+    def processes_set(self) -> str:
+        return f"{self.name}:processes"
 
 
 @dataclass(slots=True)
@@ -190,6 +222,19 @@ class BudgetHold:
     reserved: int
     headers: dict[str, str]
     settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Sync:
+    """One counter's part of a sync: its changes, and the headroom it asks for (`number`
+    0: none)."""
+
+    counter: _Counter
+    changes: list[tuple[int, int]]
+    in_use: bool
+    """Whether the key is in use here: then this process counts among those sharing it."""
+    number: int = 0
+    amount: int = 0
 
 
 @dataclass
@@ -206,7 +251,6 @@ class BudgetKeeper:
 
     def __post_init__(self) -> None:
         self._reserve = self.client.register_script(_RESERVE)
-        self._add = self.client.register_script(_ADD)
         # Waited for, not cancelled: a cancelled call closes its pooled connection.
         self._deadline = Deadline(self.op_timeout)
         self._sync_deadline = Deadline(self.op_timeout * 4)
@@ -220,7 +264,8 @@ class BudgetKeeper:
         self._syncing = Background()
         self._process = uuid.uuid4().hex
         """This process's id in the counters' hashes of changes applied."""
-        self._stale_after = _STALE_SYNCS * self.sync_interval
+        self._holding_for = _HOLD_SYNCS * self.sync_interval
+        self._closing = False
         self._ordered = asyncio.Lock()
         """Numbered changes reach Redis in order: one call that carries numbers at a time (a
         later number applied first would make an earlier reservation look made)."""
@@ -229,39 +274,40 @@ class BudgetKeeper:
         self._syncing.start(self._run())
 
     async def close(self) -> None:
-        """Stop, and add in Redis what was charged here and not yet sent."""
+        """Stop, give back every headroom held here, and add in Redis what was charged here
+        and not yet sent."""
         await self._syncing.stop()
+        self._closing = True
         with contextlib.suppress(*_FAILURES):
             await self.sync()
 
     # ---- the request path ------------------------------------------------------------------
 
     def reserve_here(self, key_id: str, budget: KeyBudget, amount: int) -> BudgetHold | None:
-        """The reservation, made in this process's memory when the key is far from the end
-        of its budget (the common case: no call to Redis, no await); None when it must be
-        made by `reserve`.
+        """The reservation, made in this process's memory from the headroom it holds (the
+        common case far from the end of the budget: no call to Redis, no await); None when it
+        must be made by `reserve`.
 
-        Far from the end: what Redis said lately, plus what was charged here since, leaves
-        a margin that the other replicas cannot spend before the next sync (a tenth of the
-        budget, and 64 such requests). Every request of a budgeted key passes here: kept to
-        a few attribute reads."""
+        The headroom was reserved in Redis for this process at a sync, so what every process
+        admits here never passes the budget, however many share the key. Every request of a
+        budgeted key passes here: kept to a few attribute reads."""
         now = self.clock()
         counter = self._current.get(key_id)
         if counter is None or now >= counter.ends or counter.budget is not budget:
             counter = self._counter(key_id, budget, now)
-        moment = counter.active = time.monotonic()
-        if amount <= 0 or moment - counter.synced > self._stale_after:
+        counter.active = time.monotonic()
+        if amount <= 0:
             return None
-        left = budget.limit - counter.used - counter.unsent - counter.in_changes - amount
-        if left < counter.margin or left < _MARGIN_REQUESTS * amount:
+        counter.demand += amount
+        if amount > counter.headroom:
             return None
-        counter.unsent += amount  # added in Redis with the next sync
-        return BudgetHold(key_id, budget, counter, amount, _headers(counter, left))
+        counter.headroom -= amount  # reserved in Redis already
+        return BudgetHold(key_id, budget, counter, amount, _headers(counter, counter.left))
 
     async def reserve(self, key_id: str, budget: KeyBudget, amount: int) -> BudgetHold:
         """Reserve `amount` (tokens, or cost in nano-units) of the key's budget: in memory
-        far from its end (`reserve_here`), in Redis near it; raises `BudgetExceededError`
-        when it would pass it."""
+        from this process's headroom (`reserve_here`), else in Redis; raises
+        `BudgetExceededError` when it would pass it."""
         hold = self.reserve_here(key_id, budget, amount)
         if hold is not None:
             return hold
@@ -272,19 +318,38 @@ class BudgetKeeper:
             allowed = self._reserve_locally(counter, budget, amount)
         return self._hold(counter, amount, allowed)
 
+    def spent(self, key_id: str, budget: KeyBudget) -> bool:
+        """Whether the key's budget was used up when Redis last said (nothing is reserved; no
+        call to Redis): a request of it would be refused, whatever it asks."""
+        counter = self._current.get(key_id)
+        if counter is None:
+            return False
+        now = self.clock()
+        if now >= counter.ends or counter.budget is not budget:
+            # A new period (not yet read), or the key's settings reloaded (maybe changed).
+            counter = self._counter(key_id, budget, now)
+        return counter.synced > -math.inf and counter.left <= 0
+
+    def refuse(self, key_id: str) -> NoReturn:
+        """Raise the refusal of a key whose budget is `spent`."""
+        raise self._refusal(self._current[key_id], 0)
+
     def _hold(self, counter: _Counter, amount: int, allowed: bool) -> BudgetHold:
-        budget = counter.budget
-        used = counter.used + counter.pending
-        headers = _headers(counter, max(0, budget.limit - used))
         if not allowed:
-            self.labels.refused_for_budget(counter.key_id)
-            raise BudgetExceededError(
-                f"This API key's budget of {_amount(budget, budget.limit)} {_unit(budget)} per "
-                f"{budget.period} is used up ({_amount(budget, used)} used, this request "
-                f"may use {_amount(budget, amount)}); it resets at {utc_time(counter.ends)}.",
-                headers=headers,
-            )
-        return BudgetHold(counter.key_id, budget, counter, amount, headers)
+            raise self._refusal(counter, amount)
+        headers = _headers(counter, max(0, counter.left))
+        return BudgetHold(counter.key_id, counter.budget, counter, amount, headers)
+
+    def _refusal(self, counter: _Counter, amount: int) -> BudgetExceededError:
+        self.labels.refused_for_budget(counter.key_id)
+        budget = counter.budget
+        used = budget.limit - counter.left
+        return BudgetExceededError(
+            f"This API key's budget of {_amount(budget, budget.limit)} {_unit(budget)} per "
+            f"{budget.period} is used up ({_amount(budget, used)} used, this request "
+            f"may use {_amount(budget, amount)}); it resets at {utc_time(counter.ends)}.",
+            headers=_headers(counter, max(0, counter.left)),
+        )
 
     def _counter(self, key_id: str, budget: KeyBudget, now: float) -> _Counter:
         """The key's counter for the period `now` is in (made when the period begins), as
@@ -305,7 +370,8 @@ class BudgetKeeper:
 
     def settle(self, hold: BudgetHold, used: int) -> None:
         """The request ended having cost `used`: give back the rest of its reservation (or
-        take what it cost beyond it), with the next sync. Only the first call counts."""
+        take what it cost beyond it), with the next sync. Only the first call counts; no
+        await, so a cancellation cannot stop it half way."""
         if hold.settled:
             return
         hold.settled = True
@@ -319,23 +385,32 @@ class BudgetKeeper:
             counter.local_since += delta
 
     async def _reserve_in_redis(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
-        """Near the end: reserve in Redis, atomically against every replica, after the
-        changes this process has not yet seen confirmed. A reservation whose answer does not
+        """Reserve in Redis, atomically against every replica, after the changes this
+        process has not yet seen confirmed. The headroom this process holds goes back to
+        Redis in the same call, too little for this request (a refusal leaves none of the
+        budget held here), unless a sync under way brought enough: then it is taken."""
+        async with self._ordered:
+            if amount <= counter.headroom:
+                counter.headroom -= amount
+                return True
+            counter.give_back_headroom(counter.headroom)
+            return await self._reserve_rest(counter, budget, amount)
+
+    async def _reserve_rest(self, counter: _Counter, budget: KeyBudget, amount: int) -> bool:
+        """Reserve `amount` in Redis (under `_ordered`). A reservation whose answer does not
         come (Redis down, too slow, the caller gone) may have been made there: it is decided
         here instead, and kept as a numbered change, so that it counts once (or, refused
         here, is given back)."""
-        await self._ordered.acquire()
         counter.number_unsent()
         number = counter.number()
         changes = list(counter.changes)
         try:
-            allowed, used = await self._deadline.run(
+            allowed, used, processes = await self._deadline.run(
                 self._reserve(
-                    keys=[counter.name, counter.hash],
-                    args=[budget.limit, amount, number, 0, counter.ttl, self._process,
-                          *_flat(changes)],
+                    keys=self._keys(counter),
+                    args=self._args(counter, budget.limit, amount, number, changes, True),
                 )
-            )  # fmt: skip
+            )
         except BaseException as exc:
             counter.change(number, amount)  # made there at most once
             failed = isinstance(exc, _FAILURES)
@@ -348,12 +423,8 @@ class BudgetKeeper:
             if failed:
                 return admitted
             raise
-        finally:
-            self._ordered.release()
-        counter.applied(changes[-1][0] if changes else 0)
-        counter.used, counter.synced, counter.local_since = int(used), time.monotonic(), 0
+        self._answered(counter, changes, int(used), int(processes), time.monotonic())
         self._down_until = 0.0
-        self._seen(counter)
         return bool(allowed)
 
     def _reserve_locally(
@@ -383,39 +454,97 @@ class BudgetKeeper:
                 self._failed(exc)
 
     async def sync(self) -> None:
-        """Send every counter's changes (what was charged here, numbered), and read back
-        what is used, for every counter in use lately; forget the idle ones."""
+        """Send every counter's changes (what was charged here, numbered), take the headroom
+        each key in use wants here until the next sync (giving back what it no longer needs),
+        and read back what is used; forget the idle counters."""
+        async with self._ordered:
+            syncs = self._syncs(time.monotonic())
+            if not syncs:
+                return
+            try:
+                replies = await self._send(syncs)
+            except BaseException:
+                for sync in syncs:
+                    if sync.number:  # may have been made there: counted once, given back
+                        sync.counter.change(sync.number, sync.amount)
+                        sync.counter.unsent -= sync.amount
+                raise
         moment = time.monotonic()
-        counters = []
+        for sync, (allowed, used, processes) in zip(syncs, replies, strict=True):
+            if sync.number and allowed:
+                sync.counter.headroom += sync.amount
+            self._answered(sync.counter, sync.changes, int(used), int(processes), moment)
+        self._down_until = 0.0
+
+    def _syncs(self, moment: float) -> list[_Sync]:
+        """Each counter's part of the next sync (numbered now, under `_ordered`)."""
+        syncs = []
         for name, counter in list(self._counters.items()):
+            idle = (
+                self._closing
+                or moment - counter.active > self._holding_for
+                or self._current.get(counter.key_id) is not counter
+                or self.clock() >= counter.ends
+            )
+            wanted = counter.wanted(idle)
+            counter.demand = 0
+            if wanted < counter.headroom:
+                counter.give_back_headroom(counter.headroom - wanted)
             counter.number_unsent()
             if moment - counter.active > _IDLE_SECONDS and not counter.changes:
                 del self._counters[name]
                 if self._current.get(counter.key_id) is counter:
                     del self._current[counter.key_id]
+                continue
+            more = wanted - counter.headroom
+            changes = list(counter.changes)
+            if more > 0:
+                syncs.append(_Sync(counter, changes, not idle, counter.number(), more))
             else:
-                counters.append((counter, list(counter.changes)))
-        if not counters:
-            return
-        async with self._ordered:
-            replies = await self._send(counters)
-        moment = time.monotonic()
-        for (counter, changes), used in zip(counters, replies, strict=True):
-            counter.applied(changes[-1][0] if changes else 0)
-            counter.used, counter.synced, counter.local_since = int(used), moment, 0
-            self._seen(counter)
-        self._down_until = 0.0
+                syncs.append(_Sync(counter, changes, not idle))
+        return syncs
 
-    async def _send(self, counters: list[tuple[_Counter, list[tuple[int, int]]]]) -> list[Any]:
+    async def _send(self, syncs: list[_Sync]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for counter, changes in counters:
-            args: list[int | str] = [counter.ttl, self._process, *_flat(changes)]
-            await self._add(keys=[counter.name, counter.hash], args=args, client=pipe)
+        for sync in syncs:
+            counter = sync.counter
+            # The headroom stays below the margin: the last tenth is reserved request by
+            # request, so that no process holds what another's request could use.
+            limit = counter.budget.limit - counter.margin
+            args = self._args(counter, limit, sync.amount, sync.number, sync.changes, sync.in_use)
+            await self._reserve(keys=self._keys(counter), args=args, client=pipe)
         return list(await self._sync_deadline.run(pipe.execute()))
 
-    def _seen(self, counter: _Counter) -> None:
-        """What Redis said of a counter, on the dashboard (`sluicegate_budget_used_ratio`)."""
-        self.labels.budget_used(counter.key_id, min(1.0, counter.used / counter.budget.limit))
+    def _keys(self, counter: _Counter) -> list[str]:
+        return [counter.name, counter.hash, counter.processes_set]
+
+    def _args(
+        self,
+        counter: _Counter,
+        limit: int,
+        amount: int,
+        number: int,
+        changes: list[tuple[int, int]],
+        in_use: bool,
+    ) -> list[int | float | str]:
+        return [
+            counter.ttl, self._process, limit, amount, number, time.time(), _PROCESS_SECONDS,
+            int(in_use), *_flat(changes),
+        ]  # fmt: skip
+
+    def _answered(
+        self,
+        counter: _Counter,
+        changes: list[tuple[int, int]],
+        used: int,
+        processes: int,
+        moment: float,
+    ) -> None:
+        """What Redis said of a counter: its changes up to the last sent are applied."""
+        counter.applied(changes[-1][0] if changes else 0)
+        counter.used, counter.synced, counter.local_since = used, moment, 0
+        counter.processes = max(1, processes)
+        self.labels.budget_used(counter.key_id, min(1.0, used / counter.budget.limit))
 
     def _failed(self, exc: BaseException) -> None:
         self._down_until = time.monotonic() + self.retry_interval

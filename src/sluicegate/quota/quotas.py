@@ -6,17 +6,20 @@ limit for a key (its override, else the default) and turns a refusal into `RateL
 A request is let in twice. First, before any work proportional to its body (parsing,
 templates, tokenizing, a stored conversation, schemas), by what costs nothing to check
 (`enter`): the request is counted against its key's requests per minute, and refused if the
-key already holds its whole share of the engine. So a key over its limits costs one check
-per request, however large its requests. Then, once its prompt is known, it is admitted with
-its possible cost reserved (`reserve`): its prompt tokens and every completion token it may
-produce (sequences × max_tokens), plus its sequences in the key's share of the engine
-(`share`). When it ends, however it ends, its
-`Reservation` is released with the completion tokens it really produced: the unused part
-is given back, and the sequences come free.
+key already holds its whole share of the engine, or its budget was used up when this process
+last saw it. So a key over its limits costs one check per request, however large its
+requests. Then, once its prompt is known, it is admitted with its possible cost reserved
+(`reserve`): its prompt tokens (an estimate for those no tokenizer here counts) and every
+completion token it may produce (sequences × max_tokens), plus its sequences in the key's
+share of the engine (`share`). When it ends, however it ends, its `Reservation` is released
+with what the engine did: the prompt tokens it took up (none for a run that never began: one
+refused or failed before its first step, or a client gone first) and the completion tokens it
+produced. These are charged instead of the reservation, once, and the sequences come free.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -73,6 +76,11 @@ class Reservation:
     budget: BudgetHold | None = None
     """Its reservation against its key's budget, when the key has one."""
 
+    @property
+    def cost(self) -> int:
+        """The tokens reserved: its prompt and every completion token it may produce."""
+        return self.prompt_tokens + self.completion_tokens
+
 
 @dataclass
 class Quotas:
@@ -92,6 +100,8 @@ class Quotas:
 
     def __post_init__(self) -> None:
         self.share.policies = self.policies
+        self._giving_back: set[asyncio.Future[None]] = set()
+        """Give-backs under way (held: a task the loop alone refers to may be collected)."""
 
     def limit_for(self, key_id: str) -> RateLimit:
         policy = self.policies(key_id)
@@ -107,13 +117,16 @@ class Quotas:
         """Count a request that has just arrived, before anything is done with its body.
 
         Raises `ConcurrencyLimitError` when it would start `engine_work` (or embed: `embeds`)
-        and its key holds its whole share of it already, and `RateLimitError` when the key's
-        requests per minute are used up. Its tokens are reserved later (`reserve`, with
+        and its key holds its whole share of it already, `BudgetExceededError` when it would
+        and the key's budget was used up when Redis last said, and `RateLimitError` when the
+        key's requests per minute are used up. Its tokens are reserved later (`reserve`, with
         `counted`)."""
         if embeds:
             self.embedding_share.check(key_id)
+            self._check_budget(key_id)
         elif engine_work:
             self.share.check(key_id)
+            self._check_budget(key_id)
         decision = await self.limiter.acquire(key_id, self.limit_for(key_id), 0)
         if not decision.allowed:
             _refuse(decision)
@@ -124,6 +137,16 @@ class Quotas:
         decision = await self.limiter.acquire(f"admin:{key_id}", self.admin, 0)
         if not decision.allowed:
             _refuse(decision, admin=True)
+
+    def _check_budget(self, key_id: str) -> None:
+        """Refuse a key whose budget is used up, from what this process last saw (no call to
+        Redis): before its body is parsed, however large."""
+        policy = self.policies(key_id)
+        if self.budgets is None or policy is None or (budget := policy.budget) is None:
+            return
+        if self.budgets.spent(key_id, budget):
+            # Refused as a reservation of nothing would be, with its message and headers.
+            self.budgets.refuse(key_id)
 
     async def reserve(
         self,
@@ -136,19 +159,24 @@ class Quotas:
         counted: bool = False,
         model: ModelQuota | None = None,
         answered_tokens: int = 0,
+        estimated: Callable[[], int] | None = None,
     ) -> Reservation:
         """Admit a request: take its sequences, count it (unless `enter` has: `counted`)
-        and its possible tokens, against its key's limits and its `model`'s.
+        and its possible tokens, against its key's limits and its `model`'s. `estimated`
+        gives at most how many tokens its prompts no tokenizer here counts may take (asked
+        only for a key with a budget: it reads the whole prompt), reserved against the
+        budget alone (the rate limits charge them once the engine has counted them: a bound
+        far above the count must not refuse a request that fits).
 
         Raises `ConcurrencyLimitError`/`InvalidRequestError` from the share,
         `KeyRateLimitError` (429) when a limit of the key is used up or the request could
         never fit it, and `RateLimitError` when the model's is."""
         limit = self.limit_for(key_id)
         completion_tokens = sequences * max_tokens + answered_tokens
-        cost = prompt_tokens + completion_tokens
         _check_fits(limit, prompt_tokens, completion_tokens)
         if model is not None:
             _check_fits(model.limit, prompt_tokens, completion_tokens, model.name)
+        cost = prompt_tokens + completion_tokens
         priority = self.share.take(key_id, sequences, param, priority)
         charged: Decision | None = None
         decision: Decision | None = None
@@ -161,7 +189,9 @@ class Quotas:
             decision = await self.limiter.acquire(key_id, limit, cost, requests=0 if counted else 1)
             if not decision.allowed:
                 _refuse(decision)
-            budget = await self._reserve_budget(key_id, prompt_tokens, completion_tokens, model)
+            budget = await self._reserve_budget(
+                key_id, prompt_tokens, completion_tokens, model, estimated
+            )
         except BaseException:
             self.share.give_back(key_id, sequences)
             if model is not None and charged is not None and charged.allowed:
@@ -193,38 +223,54 @@ class Quotas:
         prompt_tokens: int,
         completion_tokens: int,
         model: ModelQuota | None,
+        estimated: Callable[[], int] | None = None,
     ) -> BudgetHold | None:
         """Reserve the request's possible cost against its key's budget, if it has one."""
         policy = self.policies(key_id)
         if self.budgets is None or policy is None or policy.budget is None:
             return None
         budget = policy.budget
+        if estimated is not None:
+            prompt_tokens += estimated()
         amount = _spend(budget, model, prompt_tokens, completion_tokens)
         hold = self.budgets.reserve_here(key_id, budget, amount)
         return hold if hold is not None else await self.budgets.reserve(key_id, budget, amount)
 
     async def release(
-        self, reservation: Reservation, completion_tokens: int, prompt_tokens: int = 0
+        self, reservation: Reservation, completion_tokens: int, prompt_tokens: int
     ) -> None:
-        """The request ended having produced `completion_tokens` (and used `prompt_tokens`
-        more than it reserved for its prompt: those only the engine counted): charge those
-        instead of the reservation, and free its sequences. Only the first call counts."""
+        """The request ended having produced `completion_tokens` from `prompt_tokens` (0
+        when no engine took it up: a run refused or failed before it began, a client gone
+        first): charge those instead of the reservation, and free its sequences. Only the
+        first call counts, and a cancellation cannot stop it half way."""
         if reservation.released:
             return
         reservation.released = True
         self.share.give_back(reservation.key_id, reservation.sequences)
-        unused = completion_tokens + prompt_tokens - reservation.completion_tokens
+        model = reservation.model
+        if (hold := reservation.budget) is not None and self.budgets is not None:
+            self.budgets.settle(hold, _spend(hold.budget, model, prompt_tokens, completion_tokens))
+        unused = completion_tokens + prompt_tokens - reservation.cost
+        await self._give_back(reservation, unused)
+
+    async def _give_back(self, reservation: Reservation, tokens: int) -> None:
+        """Charge `tokens` more (negative: give them back) to the key's and the model's
+        limits, to the end even if the caller is cancelled meanwhile."""
+        if not tokens:
+            return
+        task = asyncio.ensure_future(self._reconcile(reservation, tokens))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+        await asyncio.shield(task)
+
+    async def _reconcile(self, reservation: Reservation, tokens: int) -> None:
         await self.limiter.reconcile(
-            reservation.key_id, reservation.limit, unused, local=reservation.local
+            reservation.key_id, reservation.limit, tokens, local=reservation.local
         )
         if (model := reservation.model) is not None:
             await self.limiter.reconcile(
-                model.bucket, model.limit, unused, local=reservation.model_local
+                model.bucket, model.limit, tokens, local=reservation.model_local
             )
-        if (hold := reservation.budget) is not None and self.budgets is not None:
-            prompt = reservation.prompt_tokens + prompt_tokens
-            spent = _spend(hold.budget, model, prompt, completion_tokens)
-            self.budgets.settle(hold, spent)
 
     async def admit(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sluicegate.errors import EngineUnavailableError
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 TPM = 60
@@ -151,3 +152,31 @@ def test_a_request_that_could_never_fit_is_refused_at_once() -> None:
         fits = httpx.post(f"{url}/v1/chat/completions", json=chat(max_tokens=56), timeout=10)
         assert fits.status_code == 200
         assert fits.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_the_engine_fails_before_its_first_token_is_charged_nothing(
+    stream: bool,
+) -> None:
+    engine = FakeEngine(words=WORDS, fail_before_output=EngineUnavailableError())
+    with serve_in_thread(fake_app(engine, rate_limit_tokens_per_minute=TPM)) as url:
+        for _ in range(3):
+            response = httpx.post(
+                f"{url}/v1/chat/completions", json=chat(stream=stream), timeout=10
+            )
+            assert response.status_code == 503, response.text
+        engine.fail_before_output = None
+        # No prompt was read and nothing produced: the limit is whole but for the probe's
+        # 4 + 1 (each failure's prompt kept would leave 12 fewer, a token a second back).
+        assert remaining_after(url) == TPM - PROMPT - 1
+
+
+def test_a_request_whose_client_left_before_the_first_token_is_charged_nothing() -> None:
+    engine = FakeEngine(words=WORDS, delays=[5.0] * 30)
+    with serve_in_thread(fake_app(engine, rate_limit_tokens_per_minute=TPM)) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=chat(), timeout=0.5)
+        wait_idle(engine)
+        engine.delays = None
+        # The engine never answered it: the limit is whole but for the probe's 4 + 1.
+        assert remaining_after(url) == TPM - PROMPT - 1

@@ -42,7 +42,7 @@ async def test_what_a_request_did_not_use_goes_back_to_the_model() -> None:
     quotas = Quotas(MemoryRateLimiter())
     model = ModelQuota("m", RateLimit(tokens_per_minute=300))
     held = await quotas.reserve("key-a", 100, 1, 200, model=model)
-    await quotas.release(held, 0)  # produced nothing: 200 go back
+    await quotas.release(held, 0, 100)  # read its prompt, produced nothing: 200 go back
     await quotas.reserve("key-b", 100, 1, 100, model=model)
 
 
