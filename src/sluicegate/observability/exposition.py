@@ -31,7 +31,7 @@ ENGINE_STATE = (
 )
 """What the inference extension's model server protocol asks of an engine: its queue, its
 batch, its KV cache use and layout, and its LoRA adapters (vLLM exports the last only while
-it serves some; sluicegate serves none)."""
+LoRA is on: `LORA_MODULES` or `ALLOW_RUNTIME_LORA`)."""
 
 
 def gateway_registry() -> CollectorRegistry:
