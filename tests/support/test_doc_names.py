@@ -17,7 +17,9 @@ Each check reads the pages as text and compares with the tree:
 - make targets: every `make X` in code (spans and fenced blocks) is a rule of the Makefile;
 - files: every path under one of the tree's top folders (`src/`, `tests/`, `docs/`, ...) and
   every relative link exists; a glob matches a file; a path with a placeholder (`<module>`)
-  is not checked, nor one under a git-ignored output folder (`bench/results/`).
+  is not checked, nor one under a git-ignored output folder (`bench/results/`);
+- tests: every `test_*.py` named (a bare name: anywhere under `tests/`) exists, and every
+  `::test_name` after it is defined in it.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ _MAKE = re.compile(
 _RULE = re.compile(r"^([\w][\w .-]*?)\s*::?(?!=)", re.M)
 _PATH = re.compile(rf"(?<![\w/.~-])(?:{'|'.join(TOP_FOLDERS)})/[\w./*<>{{}}-]*")
 _LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+# A test module, as a path or a bare name, and what follows it: `::test_name` (a pytest id).
+_TEST = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*test_\w+\.py)|::(test_\w+)")
 
 
 def settings() -> set[str]:
@@ -170,6 +174,24 @@ def wrong_paths(text: str, page: Path, root: Path = ROOT) -> list[str]:
     return list(dict.fromkeys(wrong))
 
 
+def wrong_tests(text: str, root: Path = ROOT) -> list[str]:
+    """Test modules that are nowhere under `tests/`, and `::test_name`s their module (the
+    last one named before them) does not define. A bare module name may be any of that name."""
+    wrong: list[str] = []
+    modules: list[Path] = []
+    for path, test in _TEST.findall(text):
+        if path:
+            found = [root / path] if "/" in path else list((root / "tests").rglob(path))
+            modules = [module for module in found if module.is_file()]
+            if not modules:
+                wrong.append(path)
+        elif not modules:
+            wrong.append(f"::{test}")
+        elif not any(re.search(rf"def {test}\b", m.read_text()) for m in modules):
+            wrong.append(f"{modules[0].relative_to(root)}::{test}")
+    return wrong
+
+
 def _check(find: Callable[[Path, str], list[str]], what: str) -> None:
     wrong = [
         f"{page.relative_to(ROOT)}: {name}"
@@ -198,6 +220,10 @@ def test_every_file_named_in_the_docs_is_in_the_tree() -> None:
     _check(lambda page, text: wrong_paths(text, page), "files")
 
 
+def test_every_test_named_in_the_docs_exists() -> None:
+    _check(lambda _, text: wrong_tests(text), "tests")
+
+
 def test_the_allow_listed_variables_are_no_settings_and_read_where_the_list_says() -> None:
     known = settings()
     for name, reader in PROJECT_VARIABLES.items():
@@ -222,6 +248,10 @@ def _targets(text: str) -> list[str]:
 
 def _paths(text: str) -> list[str]:
     return wrong_paths(text, ROOT / "README.md")
+
+
+def _tests(text: str) -> list[str]:
+    return wrong_tests(text)
 
 
 @pytest.mark.parametrize(
@@ -253,6 +283,13 @@ def _paths(text: str) -> list[str]:
         (_paths, "`src/sluicegate/app.py`", "`src/sluicegate/apps.py`", "src/sluicegate/apps.py"),
         (_paths, "`tests/support/*.py`", "`tests/ghost/*.py`", "tests/ghost/*.py"),
         (_paths, "[the API](docs/api.md#errors)", "[the API](docs/apis.md)", "docs/apis.md"),
+        (
+            _tests,
+            "`tests/support/test_docs.py::test_the_layering_diagram_is_the_import_contract`",
+            "`test_docs.py::test_the_layering_diagram_is_the_contract`",
+            "tests/support/test_docs.py::test_the_layering_diagram_is_the_contract",
+        ),
+        (_tests, "`test_doc_names.py`", "`test_doc_name.py`", "test_doc_name.py"),
     ],
     ids=[
         "setting",
@@ -265,6 +302,8 @@ def _paths(text: str) -> list[str]:
         "path",
         "glob",
         "link",
+        "test",
+        "test-module",
     ],
 )
 def test_each_check_finds_a_planted_wrong_name(
