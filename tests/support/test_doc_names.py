@@ -16,8 +16,9 @@ Each check reads the pages as text and compares with the tree:
   prefix. `vllm:*` are the engine's own and not checked;
 - make targets: every `make X` in code (spans and fenced blocks) is a rule of the Makefile;
 - files: every path under one of the tree's top folders (`src/`, `tests/`, `docs/`, ...) and
-  every relative link exists; a glob matches a file; a path with a placeholder (`<module>`)
-  is not checked, nor one under a git-ignored output folder (`bench/results/`);
+  every relative link exists, with its `#anchor` if it has one; a glob matches a file; a path
+  with a placeholder (`<module>`) is not checked, nor one under a git-ignored output folder
+  (`bench/results/`);
 - tests: every `test_*.py` named (a bare name: anywhere under `tests/`) exists, and every
   `::test_name` after it is defined in it.
 """
@@ -78,7 +79,8 @@ _MAKE = re.compile(
 )
 _RULE = re.compile(r"^([\w][\w .-]*?)\s*::?(?!=)", re.M)
 _PATH = re.compile(rf"(?<![\w/.~-])(?:{'|'.join(TOP_FOLDERS)})/[\w./*<>{{}}-]*")
-_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+_LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
+_HEADING = re.compile(r"^#{1,6} (.+)$", re.M)
 # A test module, as a path or a bare name, and what follows it: `::test_name` (a pytest id).
 _TEST = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*test_\w+\.py)|::(test_\w+)")
 
@@ -157,6 +159,18 @@ def _ignored(root: Path) -> list[str]:
     return [line for line in lines if "/" in line.rstrip("/") and not line.startswith("#")]
 
 
+def anchors(text: str) -> set[str]:
+    """The `#anchor`s of a page's headings, as GitHub makes them: lower case, punctuation
+    dropped, spaces as hyphens, `-1`, `-2` after a repeated one."""
+    seen: dict[str, int] = {}
+    for heading in _HEADING.findall(_outside_fences(text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
 def wrong_paths(text: str, page: Path, root: Path = ROOT) -> list[str]:
     ignored = _ignored(root)
     wrong = []
@@ -166,11 +180,14 @@ def wrong_paths(text: str, page: Path, root: Path = ROOT) -> list[str]:
             continue
         if not (any(root.glob(path)) if "*" in path else (root / path).exists()):
             wrong.append(path)
-    for link in _LINK.findall(text):
-        if re.match(r"[a-z]+:", link):
+    for link, anchor in _LINK.findall(text):
+        if re.match(r"[a-z]+:", link) or not (link or anchor):
             continue
-        if not (page.parent / link).exists():
+        target = page.parent / link if link else page
+        if not target.exists():
             wrong.append(link)
+        elif anchor and target.suffix == ".md" and anchor not in anchors(target.read_text()):
+            wrong.append(f"{link}#{anchor}")
     return list(dict.fromkeys(wrong))
 
 
@@ -282,7 +299,13 @@ def _tests(text: str) -> list[str]:
         (_targets, "\n```\nmake serve\n```\n", "\n```\nmake srve\n```\n", "srve"),
         (_paths, "`src/sluicegate/app.py`", "`src/sluicegate/apps.py`", "src/sluicegate/apps.py"),
         (_paths, "`tests/support/*.py`", "`tests/ghost/*.py`", "tests/ghost/*.py"),
-        (_paths, "[the API](docs/api.md#errors)", "[the API](docs/apis.md)", "docs/apis.md"),
+        (_paths, "[the API](docs/api.md)", "[the API](docs/apis.md)", "docs/apis.md"),
+        (
+            _paths,
+            "[limits](docs/operations.md#rate-limits)",
+            "[limits](docs/operations.md#rate-limit)",
+            "docs/operations.md#rate-limit",
+        ),
         (
             _tests,
             "`tests/support/test_docs.py::test_the_layering_diagram_is_the_import_contract`",
@@ -302,6 +325,7 @@ def _tests(text: str) -> list[str]:
         "path",
         "glob",
         "link",
+        "anchor",
         "test",
         "test-module",
     ],
