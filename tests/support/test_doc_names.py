@@ -19,12 +19,17 @@ Each check reads the pages as text and compares with the tree:
   every relative link exists, with its `#anchor` if it has one; a glob matches a file; a path
   with a placeholder (`<module>`) is not checked, nor one under a git-ignored output folder
   (`bench/results/`);
+- modules: every `name.py` or `package/name.py` outside those folders is a module of
+  `src/sluicegate/` (a bare name: a file of that name anywhere), but other projects'
+  (`OTHER_PACKAGES`);
 - tests: every `test_*.py` named (a bare name: anywhere under `tests/`) exists, and every
   `::test_name` after it is defined in it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -81,6 +86,9 @@ _RULE = re.compile(r"^([\w][\w .-]*?)\s*::?(?!=)", re.M)
 _PATH = re.compile(rf"(?<![\w/.~-])(?:{'|'.join(TOP_FOLDERS)})/[\w./*<>{{}}-]*")
 _LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
 _HEADING = re.compile(r"^#{1,6} (.+)$", re.M)
+# A module written as the docs write sluicegate's: `inference/load_limits.py`, `app.py`.
+_MODULE = re.compile(r"(?<![\w/.-])((?:[a-z_]\w*/)*[a-z_]\w*\.py)(?![\w/])")
+OTHER_PACKAGES = ("vllm/",)  # other projects' modules, named where the docs explain them
 # A test module, as a path or a bare name, and what follows it: `::test_name` (a pytest id).
 _TEST = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*test_\w+\.py)|::(test_\w+)")
 
@@ -191,6 +199,36 @@ def wrong_paths(text: str, page: Path, root: Path = ROOT) -> list[str]:
     return list(dict.fromkeys(wrong))
 
 
+@functools.cache
+def _file_names(root: Path) -> frozenset[str]:
+    """The names of the tree's files, outside virtual environments, caches and `.git`."""
+    names: set[str] = set()
+    for _folder, folders, files in os.walk(root):
+        folders[:] = [f for f in folders if not f.startswith(".") and f not in _NOT_TREE]
+        names.update(files)
+    return frozenset(names)
+
+
+_NOT_TREE = {"node_modules", "__pycache__", "build", "dist", "test-artifacts"}
+
+
+def wrong_modules(text: str, root: Path = ROOT) -> list[str]:
+    """Modules that are nowhere: a path is read under `src/sluicegate/` (or the tree's root),
+    a bare name may be any file of that name in the tree."""
+    source = root / "src" / "sluicegate"
+    wrong = []
+    for module in _MODULE.findall(text):
+        if module.startswith((*OTHER_PACKAGES, *(f"{top}/" for top in TOP_FOLDERS))):
+            continue
+        if "/" in module:
+            found = (source / module).is_file() or (root / module).is_file()
+        else:
+            found = module in _file_names(root)
+        if not found:
+            wrong.append(module)
+    return wrong
+
+
 def wrong_tests(text: str, root: Path = ROOT) -> list[str]:
     """Test modules that are nowhere under `tests/`, and `::test_name`s their module (the
     last one named before them) does not define. A bare module name may be any of that name."""
@@ -237,6 +275,10 @@ def test_every_file_named_in_the_docs_is_in_the_tree() -> None:
     _check(lambda page, text: wrong_paths(text, page), "files")
 
 
+def test_every_module_named_in_the_docs_exists() -> None:
+    _check(lambda _, text: wrong_modules(text), "modules")
+
+
 def test_every_test_named_in_the_docs_exists() -> None:
     _check(lambda _, text: wrong_tests(text), "tests")
 
@@ -265,6 +307,10 @@ def _targets(text: str) -> list[str]:
 
 def _paths(text: str) -> list[str]:
     return wrong_paths(text, ROOT / "README.md")
+
+
+def _modules(text: str) -> list[str]:
+    return wrong_modules(text)
 
 
 def _tests(text: str) -> list[str]:
@@ -313,6 +359,8 @@ def _tests(text: str) -> list[str]:
             "tests/support/test_docs.py::test_the_layering_diagram_is_the_contract",
         ),
         (_tests, "`test_doc_names.py`", "`test_doc_name.py`", "test_doc_name.py"),
+        (_modules, "`inference/load_limits.py`", "`inference/limits.py`", "inference/limits.py"),
+        (_modules, "`app.py`", "`apps.py`", "apps.py"),
     ],
     ids=[
         "setting",
@@ -328,6 +376,8 @@ def _tests(text: str) -> list[str]:
         "anchor",
         "test",
         "test-module",
+        "module",
+        "bare-module",
     ],
 )
 def test_each_check_finds_a_planted_wrong_name(
