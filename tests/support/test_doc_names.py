@@ -1,8 +1,10 @@
-"""The names README.md and `docs/` write are real: settings, metrics, make targets and files.
+"""The names README.md and `docs/` write are real: settings, metrics, make targets, files,
+modules and tests.
 
 A page that names a setting that does not exist sends an operator to set a variable the
 gateway refuses at start (or, before that refusal, silently ignored); a metric that is not
-registered gives a dashboard with no data; a make target or a file that is gone, a dead end.
+registered gives a dashboard with no data; a make target, a file or a test that is gone, a
+dead end.
 Each check reads the pages as text and compares with the tree:
 
 - settings: every `UPPER_SNAKE` word outside fenced blocks, and every `SLUICEGATE_*` one
