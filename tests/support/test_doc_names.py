@@ -40,6 +40,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import sluicegate.observability.metrics  # noqa: F401  (registers the metrics)
+from sluicegate.models.config import ModelEntry
 from sluicegate.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -388,3 +389,20 @@ def test_each_check_finds_a_planted_wrong_name(
     """Not vacuous: a real name passes, and a wrong one of each kind beside it is found."""
     assert find(f"Set {good} first.") == []
     assert find(f"Set {good} first, then {planted}.") == [wrong]
+
+
+def documented_entry_keys(text: str) -> set[str]:
+    """The keys of the table under "The models file" in docs/models.md: a row's first cell."""
+    match = re.search(r"^## The models file\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, "no '## The models file' section"
+    rows = re.findall(r"^\| `(\w+)[^`]*` \|", match.group(1), re.M)
+    return set(rows)
+
+
+def test_the_models_file_keys_documented_are_those_the_file_takes() -> None:
+    documented = documented_entry_keys((ROOT / "docs" / "models.md").read_text())
+    taken = set(ModelEntry.model_fields)
+    assert documented == taken, (
+        f"docs/models.md's table of an entry's keys lacks {sorted(taken - documented)} "
+        f"and names {sorted(documented - taken)}, which models.config.ModelEntry does not take"
+    )
