@@ -4,10 +4,10 @@ Below `inline_limit` (in characters or bytes of input) the work runs inline: a t
 costs more than it. Above, it runs in a small thread pool, so a few large requests at once
 queue there instead of stalling the loop. A thread helps only with work that lets go of the
 GIL (the tokenizers' Rust core, hashing) or that runs Python bytecode between short C calls:
-the loop takes the GIL back every `sys.getswitchinterval()` (5 ms). One long C call that holds
-the GIL (a regex over megabytes, parsing a large JSON body) must be cut into pieces, as
-`inference.truncation.collapse_whitespace` does, or sent to another process
-(`api.route.LargeBodyRoute`).
+the loop takes the GIL back every `sys.getswitchinterval()` (1 ms, as `server` sets it). One
+long C call that holds the GIL (a regex over megabytes, parsing a large JSON body) must be
+cut into pieces, as `inference.truncation.collapse_whitespace` does, or sent to another
+process (`api.route.LargeBodyRoute`).
 """
 
 from __future__ import annotations

@@ -429,7 +429,10 @@ def test_the_picker_reads_the_gateways_by_their_engine_type_label() -> None:
     (source,) = [p for p in config["plugins"] if p["type"] == "metrics-data-source"]
     routes = {route.path for route in health_router.routes}  # type: ignore[attr-defined]
     assert source["parameters"]["path"] == "/metrics/engine" in routes
-    assert engine["loraSpec"] == ""  # sluicegate serves no LoRA adapters
+    # sluicegate serves LoRA adapters: the picker reads them, and scores the pods on them.
+    assert engine["loraSpec"] == "vllm:lora_requests_info"
+    (profile,) = config["schedulingProfiles"]
+    assert "lora-affinity-scorer" in {plugin["pluginRef"] for plugin in profile["plugins"]}
     # /metrics/engine renders these (tests/integration/test_parallel_engine.py checks it
     # against the real engine).
     specs = {value for key, value in engine.items() if key.endswith("Spec") and value}

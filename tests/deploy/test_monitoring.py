@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import sluicegate.observability.metrics  # noqa: F401  (declares every sluicegate_* series)
+from sluicegate.paths import INFERENCE_PATHS
 from tests.support.monitoring import (
     PROMETHEUS_DIR,
     alert_rules,
@@ -97,6 +98,16 @@ def test_dashboard_answers_the_incident_questions() -> None:
     } <= set(panels)
     latency = " ".join(t["expr"] for t in panels["End-to-end latency"]["targets"])
     assert all(f"histogram_quantile({q}," in latency for q in ("0.5", "0.95", "0.99"))
+
+
+def test_the_error_ratio_alert_counts_every_inference_route() -> None:
+    """All of them, in the numerator and the denominator: an alert on two routes of seven
+    stays quiet while embeddings, messages or the Responses API fail."""
+    (rule,) = [rule for rule in alert_rules() if rule["alert"] == "SluicegateHighErrorRatio"]
+    matchers = re.findall(r'endpoint=~"([^"]*)"', rule["expr"])
+    assert len(matchers) == 3
+    for matcher in matchers:
+        assert set(matcher.split("|")) == INFERENCE_PATHS
 
 
 def test_every_sluicegate_series_the_dashboard_and_alerts_read_is_declared() -> None:

@@ -1,4 +1,5 @@
-"""The README's code map and the architecture page's package list stay in step with `src/`.
+"""The README's code map and the architecture page's package list stay in step with `src/`,
+and the architecture page's layering diagram with the import contract.
 
 Both must name every package (a folder with `__init__.py`, nested ones included) and every
 top-level module under `src/sluicegate/`, and neither may name one that no longer exists.
@@ -8,6 +9,7 @@ Pure file reads: no import of the gateway.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "src" / "sluicegate"
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PYPROJECT = ROOT / "pyproject.toml"
 
 # A name as the docs write one: a module (`cli.py`) or a folder (`api/`, `engine/upstream/`).
 _NAME = re.compile(r"(?<![\w/.])((?:[a-z_]\w*/)+|[a-z_]\w*\.py)(?![\w/])")
@@ -133,3 +136,36 @@ def test_the_check_fails_on_a_package_added_or_one_listed_that_is_gone(tmp_path:
     (tmp_path / "ghost.py").touch()
     with pytest.raises(AssertionError, match=r"ghost\.py"):
         check(architecture_entries(), "copy", tmp_path)
+
+
+def contract_layers() -> list[set[str]]:
+    """The `layers` contract of pyproject.toml's import-linter configuration, top to bottom."""
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [contract["layers"] for contract in contracts if contract["type"] == "layers"]
+    return [{name.strip() for name in layer.split("|")} for layer in layers]
+
+
+def diagram_layers(text: str) -> list[set[str]]:
+    """The fenced block under "The layering rule": a layer a line, its names split by `|`."""
+    block = re.search(r"^```\w*\n(.*?)^```", section(text, "The layering rule"), re.M | re.S)
+    assert block, "no fenced block under '## The layering rule'"
+    lines = [line for line in block.group(1).splitlines() if line.strip()]
+    return [{name.strip() for name in line.split("|")} for line in lines]
+
+
+def test_the_layering_diagram_is_the_import_contract() -> None:
+    drawn, contract = diagram_layers(ARCHITECTURE.read_text()), contract_layers()
+    assert drawn == contract, (
+        f"docs/architecture.md's layering diagram {drawn} is not pyproject.toml's layers "
+        f"contract {contract}: draw it again from the contract, a layer a line"
+    )
+
+
+def test_the_diagram_check_fails_on_a_name_missing_or_out_of_order() -> None:
+    text = ARCHITECTURE.read_text()
+    assert diagram_layers(text) == contract_layers()
+    for wrong in (
+        text.replace("\nworker\n", "\n"),
+        text.replace("\napp\nwiring\n", "\nwiring\napp\n"),
+    ):
+        assert diagram_layers(wrong) != contract_layers()

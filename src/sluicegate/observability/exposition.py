@@ -5,9 +5,10 @@ An endpoint picker of the Gateway API inference extension scrapes every model se
 50 ms, and rendering the whole registry (vLLM's ~370 samples and the gateway's ~250) is pure
 Python that takes milliseconds (bench/metrics_scrape.py). On the loop, that would stall every
 stream for as long, twenty times a second. In a worker thread the loop keeps its turns (it
-takes the GIL back every 5 ms). Scrapes that arrive during a render share its result, so
-more scrapers (pickers in HA, Prometheus) add no renders beyond one at a time. A picker needs
-only the engine's scheduling state: `ENGINE_STATE` renders a few samples instead of hundreds.
+takes the GIL back every switch interval: 1 ms, as `server` sets it). Scrapes that arrive
+during a render share its result, so more scrapers (pickers in HA, Prometheus) add no renders
+beyond one at a time. A picker needs only the engine's scheduling state: `ENGINE_STATE`
+renders a few samples instead of hundreds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ENGINE_STATE = (
 )
 """What the inference extension's model server protocol asks of an engine: its queue, its
 batch, its KV cache use and layout, and its LoRA adapters (vLLM exports the last only while
-it serves some; sluicegate serves none)."""
+LoRA is on: `LORA_MODULES` or `ALLOW_RUNTIME_LORA`)."""
 
 
 def gateway_registry() -> CollectorRegistry:
