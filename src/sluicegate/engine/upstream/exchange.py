@@ -52,6 +52,8 @@ class Exchange:
 
 
 class TryFailed(Exception):
+    """A try failed before any output, for the dispatcher to retry or give up on."""
+
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.error.message)
         self.failure = failure
