@@ -1,4 +1,8 @@
-"""The token budget's counts from an upstream's own `/tokenize` (vLLM's server has one).
+"""The token budget's counts in upstream mode: a local tokenizer, or an upstream's `/tokenize`.
+
+`tokenizer_for` picks, at start-up: the configured local tokenizer (`SLUICEGATE_TOKENIZER`),
+else the upstream's own `/tokenize` (vLLM's server has one) if it counts, else none (the
+budget is off for the pool).
 
 The upstream applies its chat template and counts, so the budget sees exactly what the
 upstream will. Each count is one HTTP request, so a request is never counted in parts: a
@@ -17,15 +21,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from sluicegate.engine.protocol import ChatEncoding, ChatMessages, Tokenized, Tools
-from sluicegate.engine.tokenizer import estimated_encoding
+from sluicegate.engine.protocol import (
+    ChatEncoding,
+    ChatMessages,
+    PromptTokenizer,
+    Tokenized,
+    Tools,
+)
+from sluicegate.engine.tokenizer import HFPromptTokenizer, estimated_encoding
+from sluicegate.engine.upstream.config import UpstreamConfig
+from sluicegate.engine.upstream.discovery import UpstreamStartError
+from sluicegate.engine.upstream.server import Upstream
 from sluicegate.engine.upstream.wire import error_fields, wire_message
-from sluicegate.errors import EngineUnavailableError, InvalidRequestError
+from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
+
+logger = logging.getLogger(__name__)
 
 UNKNOWN_VOCAB = 2**31 - 1
 """The vocabulary size when the upstream does not say: ids are checked by the upstream."""
@@ -176,3 +193,39 @@ def _ids(answer: Mapping[str, Any]) -> list[int]:
             f"The upstream's /tokenize counted {count} tokens but sent {len(ids)}."
         )
     return ids
+
+
+async def tokenizer_for(
+    config: UpstreamConfig, upstream: Upstream, model: str
+) -> PromptTokenizer | None:
+    """The configured local tokenizer, else the upstream's `/tokenize`, else none."""
+    if config.tokenizer is not None:
+        return await asyncio.to_thread(_local_tokenizer, config.tokenizer)
+    remote = RemoteTokenizer(upstream.client, upstream.origin(), model)
+    try:
+        await remote.probe()
+    except GatewayError as exc:
+        logger.warning(
+            "upstream %s has no usable /tokenize (%s) and SLUICEGATE_TOKENIZER is not set: "
+            "the token budget is off for %s (no prompt fitting or max_tokens clamping; token "
+            "counts come from the upstream's usage)",
+            upstream.label,
+            exc.message,
+            model,
+        )
+        return None
+    logger.info("token budget counts with the /tokenize of upstream %s", upstream.label)
+    return remote
+
+
+def _local_tokenizer(name: str) -> PromptTokenizer:
+    """`name`'s tokenizer (a folder, or a hub id fetched when the hub is reachable), with
+    transformers alone: upstream mode installs no vLLM (the `tokenizer` extra)."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name).expanduser()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if folder.exists() else name)
+        return HFPromptTokenizer(tokenizer)
+    except (OSError, ValueError) as exc:
+        raise UpstreamStartError(f"the tokenizer {name} cannot be loaded: {exc}") from exc

@@ -70,7 +70,7 @@ async def test_a_tokenize_that_counts_the_probe_text_is_used() -> None:
 async def test_a_tokenize_that_does_not_count_turns_the_budget_off_with_a_warning(
     answer: httpx.Response, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("WARNING", logger="sluicegate.engine.upstream.engine")
+    caplog.set_level("WARNING", logger="sluicegate.engine.upstream.tokenizer")
     engine = await _start(FakeTokenizingUpstream(answer))
     try:
         assert engine.tokenizer is None

@@ -1,6 +1,6 @@
-"""The health probes' hysteresis, over a fake upstream (httpx's mock transport): one late or
-failed probe does not take a busy upstream out; `health_failures` in a row do, and one
-success puts it back."""
+"""`Pool`'s health probes, over a fake upstream (httpx's mock transport): one late or failed
+probe does not take a busy upstream out; `health_failures` in a row do, and one success puts
+it back."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 
 from sluicegate.engine.upstream.config import BreakerConfig, PoolConfig, UpstreamConfig
-from sluicegate.engine.upstream.engine import UpstreamEngine
+from sluicegate.engine.upstream.pool import Pool
 from sluicegate.engine.upstream.server import Upstream
 
 
@@ -42,33 +42,33 @@ async def test_an_upstream_is_taken_out_after_failures_in_a_row_and_back_after_o
     fake = FakeUpstreamHealth()
     upstream = _upstream(fake.handler)
     config = UpstreamConfig(urls=((upstream.url, 1.0),), health_failures=3)
-    engine = UpstreamEngine(config, [upstream], "model", 2048)
+    pool = Pool(config, [upstream])
     seen = []
     fake.statuses = [200, 503, 0, 200, 503, 0, 503, 503, 200]
     for _ in range(len(fake.statuses)):
-        await engine._probe(upstream)
+        await pool.probe(upstream)
         seen.append(upstream.healthy)
     # A failure, another, then a success: never out. Then three failures in a row: out at the
     # third, still out at the fourth, back at the first success.
     assert seen == [True, True, True, True, True, True, False, False, True]
-    await engine.check_health()
+    await pool.check_health()
     await upstream.close()
 
 
 async def test_a_good_probe_ends_a_503s_wait_but_not_a_429s() -> None:
     fake = FakeUpstreamHealth()
     upstream = _upstream(fake.handler)
-    engine = UpstreamEngine(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream], "m", 2048)
+    pool = Pool(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream])
     upstream.hold_off(60, rate_limited=False)  # a 503's Retry-After
     fake.statuses = [503]
-    await engine._probe(upstream)
+    await pool.probe(upstream)
     assert not upstream.available()  # a failed probe tells nothing new
     fake.statuses = [200]
-    await engine._probe(upstream)
+    await pool.probe(upstream)
     assert upstream.available()
     upstream.hold_off(60, rate_limited=True)  # a 429's: a rate limit, only time lifts it
     fake.statuses = [200]
-    await engine._probe(upstream)
+    await pool.probe(upstream)
     assert not upstream.available()
     await upstream.close()
 
@@ -81,7 +81,7 @@ async def test_a_probe_sent_before_the_503_came_does_not_end_its_wait() -> None:
         return httpx.Response(200, json={"data": []})
 
     upstream = _upstream(answer_after_a_503)
-    engine = UpstreamEngine(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream], "m", 2048)
-    await engine._probe(upstream)
+    pool = Pool(UpstreamConfig(urls=((upstream.url, 1.0),)), [upstream])
+    await pool.probe(upstream)
     assert not upstream.available()
     await upstream.close()
