@@ -1,6 +1,6 @@
 """Writes the settings table of docs/configuration.md from `Settings`.
 
-The field descriptions in `src/sluicegate/settings.py` are the one text; this renders them,
+The field descriptions in `src/sluicegate/settings/` are the one text; this renders them,
 with each variable's default and allowed values, below the marker line of the page (the
 prose above it is written by hand). `make docs` runs it with `--write`; a unit test fails
 when the page and the settings disagree.
@@ -33,13 +33,19 @@ _FIELD = re.compile(r"^\s{4}(?P<name>[a-z_][a-z0-9_]*): ")
 
 
 def sections() -> list[tuple[str, list[str]]]:
-    """The settings in declaration order, grouped by the `# --- name ---` comments."""
+    """The settings in declaration order, grouped by the `# --- name ---` comments of the
+    concerns' classes (in the order pydantic takes their fields: the last base first)."""
     grouped: list[tuple[str, list[str]]] = []
-    for line in inspect.getsource(Settings).splitlines():
-        if (section := _SECTION.match(line)) is not None:
-            grouped.append((section["name"].strip(), []))
-        elif (field := _FIELD.match(line)) is not None and field["name"] in Settings.model_fields:
-            grouped[-1][1].append(field["name"])
+    for concern in reversed(Settings.__mro__):
+        if not concern.__module__.startswith("sluicegate.settings."):
+            continue
+        for line in inspect.getsource(concern).splitlines():
+            if (section := _SECTION.match(line)) is not None:
+                grouped.append((section["name"].strip(), []))
+            elif (field := _FIELD.match(line)) is not None and field["name"] in vars(concern).get(
+                "__annotations__", {}
+            ):
+                grouped[-1][1].append(field["name"])
     return grouped
 
 
