@@ -246,8 +246,8 @@ async def run_of(text: str) -> AsyncIterator[ChoiceDelta]:
 
 
 async def stored_text(store: CacheStore, key: str, text: str) -> str | None:
-    """The text stored under `key` once it is `text` (within 2 s), or the last one seen."""
-    deadline = time.monotonic() + 2
+    """The text stored under `key` once it is `text` (within 10 s), or the last one seen."""
+    deadline = time.monotonic() + 10
     found = None
     while True:
         stored = await store.read(key)
