@@ -28,7 +28,7 @@ from sluicegate.server import (
     worker_socket,
 )
 from sluicegate.settings import Settings
-from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, run_in_thread
+from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, loopback_socket, run_in_thread
 from tests.support.gateway import free_port, gateway_env
 from tests.support.metrics import local_value
 
@@ -63,13 +63,14 @@ class Running:
 @contextlib.contextmanager
 def running(engine: FakeEngine | None = None, **settings: object) -> Iterator[Running]:
     engine = engine or FakeEngine()
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     config = Settings(served_model_name=FAKE_MODEL, port=port, _env_file=None, **settings)  # type: ignore[call-arg]
     lifecycle = Lifecycle(drain_timeout=config.shutdown_timeout)
     server = DrainingServer(
         server_config(config, fake_app(engine, lifecycle=lifecycle, **settings)), lifecycle
     )
-    with run_in_thread(server) as thread:
+    with run_in_thread(server, sock) as thread:
         yield Running(port, engine, lifecycle, thread, server)
 
 
