@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import sys
 import textwrap
@@ -435,23 +434,6 @@ async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) ->
     response = await http.post("/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
     return response
-
-
-def sse_payloads(text: str) -> list[Any]:
-    """The JSON events of a stream, without the fields that differ per response."""
-    events: list[Any] = []
-    for line in text.splitlines():
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
-        if data == "[DONE]":
-            events.append(data)
-            continue
-        event = json.loads(data)
-        event.pop("id", None)
-        event.pop("created", None)
-        events.append(event)
-    return events
 
 
 def fake_completion(text: str = "Hello there", logprobs: int = 0, choices: int = 1) -> Completion:

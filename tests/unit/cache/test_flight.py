@@ -29,9 +29,9 @@ from tests.support.fakes import (
     post,
     redis_cache,
     serve_in_thread,
-    sse_payloads,
 )
 from tests.support.redis_server import shared_redis_url
+from tests.support.sse import sse_payloads
 
 WORDS = [f" w{i}" for i in range(10)]
 STEP = 0.1  # 10 steps of 0.1 s: the generation outlives the flight timeout three times

@@ -29,7 +29,6 @@ from tests.support.fakes import (
     post,
     redis_cache,
     serve_in_thread,
-    sse_payloads,
 )
 from tests.support.redis_server import (
     RedisProcess,
@@ -38,6 +37,7 @@ from tests.support.redis_server import (
     shared_redis_url,
     written_cache_entries,
 )
+from tests.support.sse import sse_payloads
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
