@@ -114,6 +114,14 @@ class RedisProcess:
         after = await client.client_id()
         return raised, before == after
 
+    def wait_until_awake(self, within: float = 60.0) -> None:
+        """Until every pause has ended (its DEBUG SLEEP answered): what the server had queued
+        meanwhile is run by then."""
+        deadline = time.monotonic() + within
+        for thread in self.pauses:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"Redis still paused after {within:g} s"
+
     def wait_until_paused(self) -> None:
         """Until a pause has begun: a ping of its own goes unanswered."""
         probe = redis.Redis(port=self.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
