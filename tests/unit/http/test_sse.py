@@ -57,9 +57,9 @@ async def never_disconnects() -> Message:
     raise AssertionError("unreachable")
 
 
-async def stream_into(socket: Socket) -> tuple[Source, float]:
+async def stream_into(socket: Socket, stall: float = STALL) -> tuple[Source, float]:
     source = Source()
-    response = EventStreamResponse(source.events(), stall_timeout=STALL)
+    response = EventStreamResponse(source.events(), stall_timeout=stall)
     started = time.monotonic()
     await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 60)
     return source, time.monotonic() - started
@@ -81,7 +81,10 @@ async def test_a_client_that_reads_nothing_more_releases_the_stream_in_bounded_t
 
 async def test_the_error_event_goes_out_when_the_client_reads_again() -> None:
     socket = Socket(room=5, stuck=1)
-    source, _ = await stream_into(socket)
+    # A stall limit of 2 s: under 0.3 s, a loaded machine holding this process up between
+    # two of the source's events (10 ms apart) fired the limit on the source, before the
+    # send this test is about was stuck (it failed so once, at a load of 15 on two cores).
+    source, _ = await stream_into(socket, stall=2.0)
     assert source.closed.is_set()
     tail = b"".join(m.get("body", b"") for m in socket.sent[5:])
     events = [line[6:] for line in tail.decode().splitlines() if line.startswith("data: ")]
