@@ -6,15 +6,17 @@ import json
 from typing import Any
 
 
+def sse_data(text: str) -> list[str]:
+    """A stream's `data:` payloads in order, as sent (`[DONE]` included)."""
+    return [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+
+
 def sse_payloads(text: str) -> list[Any]:
     """A stream's `data:` events in order: `[DONE]` as the string, every other one parsed,
     without the fields that differ per response (`id`, `created`), which every chunk must
     have. An error event (no chunk, so neither field) is kept whole."""
     events: list[Any] = []
-    for line in text.splitlines():
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
+    for data in sse_data(text):
         if data == "[DONE]":
             events.append(data)
             continue

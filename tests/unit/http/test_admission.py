@@ -20,6 +20,7 @@ from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.lifecycle import Lifecycle
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.sse import sse_data
 
 MODEL = FAKE_MODEL
 
@@ -358,8 +359,7 @@ def test_a_stalled_stream_ends_with_an_error_event_and_the_work_stops() -> None:
     with client_for(engine, stream_stall_timeout=0.3) as client:
         response = client.post("/v1/chat/completions", json=chat(stream=True))
         assert response.status_code == 200
-        lines = response.text.splitlines()
-        events = [line[6:] for line in lines if line.startswith("data: ")]
+        events = sse_data(response.text)
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["code"] == "timeout"
         assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"
