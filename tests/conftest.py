@@ -61,10 +61,18 @@ def uses_shared_gateway(item: pytest.Item) -> bool:
     return False
 
 
+UNIT_TIMEOUT = 300
+"""pytest's timeout for a unit test (the integration tier's is pyproject.toml's, above the
+gateway helper's start limit): a unit test starts no engine, and one that hangs should not
+cost the run more than this."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(item.path)
         item.add_marker(tier(path))
+        if tier(path) == "unit" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT))
         if path.relative_to(TESTS).as_posix() in HEAVY_MODULES:
             item.add_marker(HEAVY)
     # The tests on the shared gateway last: it starts when the first of them runs and lives

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
 
 import httpx
 from openai import OpenAI
 
 from tests.support.gateway import MODEL_NAME
 from tests.support.metrics import metric_value
+from tests.support.sse import sse_payloads
 
 GENERATED = "vllm:request_success_total"
 
@@ -22,19 +22,6 @@ def question() -> list[dict[str, str]]:
     return [
         {"role": "user", "content": f"In one sentence, what is a river? ({uuid.uuid4().hex[:8]})"}
     ]
-
-
-def sse_payloads(text: str) -> list[Any]:
-    """A stream's events, without the fields that differ per response (id, created)."""
-    events: list[Any] = []
-    for line in text.splitlines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            event = data if data == "[DONE]" else json.loads(data)
-            if isinstance(event, dict):
-                event.pop("id"), event.pop("created")
-            events.append(event)
-    return events
 
 
 def test_repeat_is_served_from_the_cache_through_the_sdk(base_url: str) -> None:

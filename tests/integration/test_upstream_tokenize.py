@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import start as start_upstream
-from tests.support.gateway import GatewayProcess, free_port, start_gateway
+from tests.support.gateway import GatewayProcess, free_port, running_gateway
 
 MAX_TOKENIZE_CALLS = 8
 SENTENCE = "The gate held back the water while the fields below stayed green. "
@@ -53,11 +53,8 @@ def gateway(upstream: tuple[FaultUpstreamProcess, int], tmp_path: Path) -> Itera
         "SLUICEGATE_CACHE_POLICY": "off",
         "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "60",
     }
-    process = start_gateway(tmp_path, env=env)
-    try:
-        yield process
-    finally:
-        process.stop()
+    with running_gateway(tmp_path, env=env) as gateway:
+        yield gateway
 
 
 def test_a_long_chat_turn_is_fitted_with_a_handful_of_tokenize_calls(

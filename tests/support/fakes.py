@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import socket
 import sys
 import textwrap
 import threading
@@ -332,21 +332,34 @@ def models_file(folder: Path, text: str) -> Path:
 
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn (httptools) on a free loopback port; yields its base URL."""
-    from tests.support.gateway import free_port
-
-    port = free_port()
+    """Serve `app` with uvicorn (httptools) on a loopback port of its own; yields its base URL."""
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning"
     )
-    with run_in_thread(uvicorn.Server(config)):
+    with run_in_thread(uvicorn.Server(config), sock):
         yield f"http://127.0.0.1:{port}"
 
 
+def loopback_socket() -> socket.socket:
+    """A socket bound to a loopback port the kernel chose, to hand to the server that listens
+    on it: the port is held from here on, where a port number looked up free and bound later
+    could be taken meanwhile (by any process's outgoing connection)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 @contextlib.contextmanager
-def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
-    """Run `server` on a thread until the block ends; yields the thread once it serves."""
-    thread = threading.Thread(target=server.run, daemon=True)
+def run_in_thread(
+    server: uvicorn.Server, sock: socket.socket | None = None
+) -> Iterator[threading.Thread]:
+    """Run `server` on a thread until the block ends, listening on `sock` if given (see
+    `loopback_socket`); yields the thread once it serves."""
+    sockets = None if sock is None else [sock]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
@@ -357,6 +370,8 @@ def run_in_thread(server: uvicorn.Server) -> Iterator[threading.Thread]:
     finally:
         server.should_exit = True
         thread.join(10)
+        if sock is not None:
+            sock.close()
 
 
 @contextlib.contextmanager
@@ -419,23 +434,6 @@ async def post(http: httpx.AsyncClient, body: dict[str, Any], **headers: str) ->
     response = await http.post("/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
     return response
-
-
-def sse_payloads(text: str) -> list[Any]:
-    """The JSON events of a stream, without the fields that differ per response."""
-    events: list[Any] = []
-    for line in text.splitlines():
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
-        if data == "[DONE]":
-            events.append(data)
-            continue
-        event = json.loads(data)
-        event.pop("id", None)
-        event.pop("created", None)
-        events.append(event)
-    return events
 
 
 def fake_completion(text: str = "Hello there", logprobs: int = 0, choices: int = 1) -> Completion:

@@ -20,12 +20,24 @@ import httpx
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 420.0
+"""How long a gateway, or a group started together, may take to be ready. pytest's own
+timeout (pyproject.toml) is above it, so a start that fails says why rather than being cut."""
 
 
 def free_port() -> int:
+    """A loopback port number free now. Whoever binds it later may find it taken meanwhile:
+    servers in this process take a socket from `fakes.loopback_socket` instead, and a gateway
+    that finds its port taken is started again on another (`wait_until_ready`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+PORT_TAKEN = ("sluicegate: cannot take 127.0.0.1:", "is taken by another sluicegate gateway")
+"""What `sluicegate serve` says when it stops because its port is taken (`server.hold_port`,
+before any engine starts)."""
+
+PORT_TRIES = 3
 
 
 @dataclass(eq=False)
@@ -35,6 +47,11 @@ class GatewayProcess:
     log_path: Path
     workers: int = 1
     """`SLUICEGATE_WORKERS`: with more than one, ready once every worker listens."""
+    flags: tuple[str, ...] | None = None
+    env: dict[str, str] | None = None
+    """How `launch_gateway` launched it: to start it again on another port if its port was
+    taken (None: launched otherwise, never started again)."""
+    port_tries: int = 0
 
     @property
     def url(self) -> str:
@@ -91,22 +108,46 @@ def gateway_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def launch_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> GatewayProcess:
     """Start `sluicegate serve` and return at once, before it is ready."""
     port = free_port()
-    log_path = log_dir / f"gateway-{port}.log"
     environment = gateway_env(env)
+    workers = environment.get("SLUICEGATE_WORKERS", "1")
+    if "--workers" in flags:
+        workers = flags[flags.index("--workers") + 1]
+    log_path = log_dir / f"gateway-{port}.log"
+    gateway = GatewayProcess(
+        _popen(port, log_path, flags, environment), port, log_path, int(workers), flags, env
+    )
+    _started.add(gateway)
+    return gateway
+
+
+def _popen(
+    port: int, log_path: Path, flags: tuple[str, ...], environment: dict[str, str]
+) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "sluicegate", "serve", "--port", str(port), *flags],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=environment,
             start_new_session=True,
         )
-    workers = environment.get("SLUICEGATE_WORKERS", "1")
-    if "--workers" in flags:
-        workers = flags[flags.index("--workers") + 1]
-    gateway = GatewayProcess(process, port, log_path, int(workers))
-    _started.add(gateway)
-    return gateway
+
+
+def _relaunched_on_a_free_port(gateway: GatewayProcess) -> bool:
+    """If `gateway` stopped because its port was taken between `free_port` and its bind (it
+    checks the port first thing, so that costs seconds): started again, in place, on another
+    port, up to `PORT_TRIES` ports in all. Whether it was."""
+    gateway.port_tries += 1
+    if gateway.flags is None or gateway.port_tries >= PORT_TRIES:
+        return False
+    if not any(says in gateway.log() for says in PORT_TAKEN):
+        return False
+    gateway.port = free_port()
+    gateway.log_path = gateway.log_path.with_name(f"gateway-{gateway.port}.log")
+    gateway.process = _popen(
+        gateway.port, gateway.log_path, gateway.flags, gateway_env(gateway.env)
+    )
+    return True
 
 
 def start_gateway(log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> GatewayProcess:
@@ -151,22 +192,27 @@ def running_gateways(log_dir: Path, *specs: GatewaySpec) -> Iterator[list[Gatewa
     try:
         for spec in specs:
             launched.append(launch_gateway(log_dir, *spec.flags, env=spec.env))
+        deadline = time.monotonic() + START_TIMEOUT_S  # one for the group: they start together
         for gateway in launched:
-            wait_until_ready(gateway)
+            wait_until_ready(gateway, deadline)
         yield launched
     finally:
         for gateway in launched:
             gateway.stop()
 
 
-def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
+def wait_until_ready(gateway: GatewayProcess, deadline: float | None = None) -> GatewayProcess:
     """Wait for `/ready` to answer 200, and with several workers for the supervisor's word that
     all of them listen (one answering says nothing of the others, which take no connections
-    until they do); stop the process and raise if it exits or times out."""
-    process = gateway.process
-    deadline = time.monotonic() + START_TIMEOUT_S
+    until they do); stop the process and raise if it exits or is not ready by `deadline` (a
+    `time.monotonic()`; `START_TIMEOUT_S` from now if not given)."""
+    if deadline is None:
+        deadline = time.monotonic() + START_TIMEOUT_S
     all_serving = f"all {gateway.workers} workers serving"
     while time.monotonic() < deadline:
+        if gateway.process.poll() is not None and _relaunched_on_a_free_port(gateway):
+            continue
+        process = gateway.process
         if process.poll() is not None:
             raise RuntimeError(
                 f"gateway exited with {process.returncode}:\n{gateway.log()[-4000:]}"
@@ -179,7 +225,7 @@ def wait_until_ready(gateway: GatewayProcess) -> GatewayProcess:
             return gateway
         time.sleep(0.5)
     gateway.stop()
-    raise RuntimeError(f"gateway not ready after {START_TIMEOUT_S} s:\n{gateway.log()[-4000:]}")
+    raise RuntimeError(f"gateway not ready in time:\n{gateway.log()[-4000:]}")
 
 
 @contextlib.contextmanager

@@ -33,12 +33,26 @@ class RedisProcess:
     persist: bool = False
     """Write every change to an append-only file first: a server killed and started again
     (`start`) comes back with everything it had answered."""
+    started_once: bool = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start the server, and wait until it answers. Its port is a number found free a
+        moment before: taken meanwhile, the server exits, and on its first start it is
+        started again on another (a server started again must keep its port)."""
+        for _ in range(3):
+            if self._started_here():
+                self.started_once = True
+                return
+            assert not self.started_once, f"port {self.port} was taken while Redis was down"
+            self.port = free_port()
+        raise AssertionError("test redis did not start: three ports taken in turn")
+
+    def _started_here(self) -> bool:
+        """Whether the server started on `port` (False: it exited, its port taken)."""
         binary = shutil.which("redis-server")
         assert binary, "redis-server is installed by `make test` (scripts/ensure-redis.sh)"
         durability = (
@@ -46,20 +60,28 @@ class RedisProcess:
             if self.persist
             else ["--appendonly", "no"]
         )
-        self.process = subprocess.Popen(
+        self.process = process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              *durability, "--dir", str(self.folder), "--enable-debug-command", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(
+            port=self.port, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
+        try:
+            while process.poll() is None:
+                try:
+                    # This server's answer, not that of whoever else holds the port.
+                    if client.info("server")["process_id"] == process.pid:
+                        return True
+                except redis.RedisError:  # not up yet, or another server's
+                    pass
                 assert time.monotonic() < deadline, "test redis did not start"
                 time.sleep(0.05)
+            return False
+        finally:
+            client.close()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -113,6 +135,14 @@ class RedisProcess:
         # Waits for the pool's one connection, which the op holds until Redis answers it.
         after = await client.client_id()
         return raised, before == after
+
+    def wait_until_awake(self, within: float = 60.0) -> None:
+        """Until every pause has ended (its DEBUG SLEEP answered): what the server had queued
+        meanwhile is run by then."""
+        deadline = time.monotonic() + within
+        for thread in self.pauses:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"Redis still paused after {within:g} s"
 
     def wait_until_paused(self) -> None:
         """Until a pause has begun: a ping of its own goes unanswered."""

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 from tests.support.fakes import FAKE_MODEL, FakeEngine, chat_body, fake_app
+from tests.support.sse import sse_data
 
 MODEL = FAKE_MODEL
 
@@ -24,10 +25,6 @@ def engine() -> FakeEngine:
 def client(engine: FakeEngine) -> Iterator[TestClient]:
     with TestClient(fake_app(engine)) as test_client:
         yield test_client
-
-
-def sse_data(text: str) -> list[str]:
-    return [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
 
 
 def test_non_streamed_chat_response_shape(client: TestClient) -> None:

@@ -47,7 +47,8 @@ def test_a_worker_ignores_stop_signals_and_ends_when_its_parent_is_killed() -> N
         parent.wait(10)
         killed = time.monotonic()
         while alive(worker):
-            assert time.monotonic() - killed < 10, "the worker outlived its parent"
+            # It checks for its parent every second: 20 s is over 5 times that under load.
+            assert time.monotonic() - killed < 20, "the worker outlived its parent by 20 s"
             time.sleep(0.1)
         print(f"worker ended {time.monotonic() - killed:.1f} s after its parent")
     finally:

@@ -24,7 +24,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     for name in list(os.environ):
         if name.startswith("SLUICEGATE_"):
             monkeypatch.delenv(name)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # Set, then removed: monkeypatch restores only what it changed, and `serve` sets
+    # `HF_HUB_OFFLINE` itself (a local model), which must not outlive the test.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     cache = tmp_path / "models"
     monkeypatch.setenv("SLUICEGATE_MODEL_CACHE_DIR", str(cache))
     monkeypatch.setenv("SLUICEGATE_PORT", str(free_port()))  # `serve` takes it first

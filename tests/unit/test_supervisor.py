@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _upstream(folder: Path) -> Iterator[str]:
     port = free_port()
     command = [sys.executable, "-m", "tests.support.fault_upstream", "--port", str(port)]
     log = folder / f"upstream-{port}.log"
-    with peer_process(command, f"http://127.0.0.1:{port}/health", log):
+    with peer_process(command, f"http://127.0.0.1:{port}/health", log, timeout=60):
         yield f"http://127.0.0.1:{port}/v1"
 
 
@@ -42,7 +43,8 @@ def _gateway(folder: Path, upstream: str) -> Iterator[GatewayProcess]:
     }
     gateway = launch_gateway(folder, "--workers", "2", env=env)
     try:
-        yield wait_until_ready(gateway)
+        # No engine to load: ready in seconds, and within the unit tier's pytest timeout.
+        yield wait_until_ready(gateway, time.monotonic() + 120)
     finally:
         # A stopped worker takes no SIGTERM: the whole group goes, however the test ended.
         with contextlib.suppress(ProcessLookupError):

@@ -20,6 +20,7 @@ from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.errors import install_error_handlers
 from sluicegate.lifecycle import Lifecycle
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
+from tests.support.sse import sse_data
 
 MODEL = FAKE_MODEL
 
@@ -89,7 +90,9 @@ async def test_a_body_that_never_finishes_is_a_408() -> None:
     }  # fmt: skip
     started = time.monotonic()
     await app(scope, receive, send)
-    assert time.monotonic() - started < 2
+    # Cut at the 0.2 s read timeout, not when the body's 30 s wait ends.
+    took = time.monotonic() - started
+    assert took < 10, f"a body that never finishes was answered after {took:.2f} s"
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"])["error"]["code"] == "request_timeout"
 
@@ -109,6 +112,13 @@ class Gate:
         await self.release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
+
+    async def until_entered(self, count: int) -> None:
+        """Until `count` requests are in (held), whatever the machine's load."""
+        deadline = time.monotonic() + 10
+        while self.entered < count:
+            assert time.monotonic() < deadline, f"{self.entered} of {count} requests entered"
+            await asyncio.sleep(0.001)
 
 
 async def call(
@@ -133,8 +143,7 @@ async def test_requests_beyond_the_bound_get_a_fast_503_and_slots_come_back() ->
     gate = Gate()
     admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=2, max_in_flight_per_key=None)
     held = [asyncio.create_task(call(admission)) for _ in range(2)]
-    await asyncio.sleep(0.01)
-    assert gate.entered == 2
+    await gate.until_entered(2)
     # Fast: answered while both held requests still wait on the gate, so the refusal waited
     # on neither of them (the bound only catches a hang; how fast is `bench/latency_probes.py`).
     refused = await asyncio.wait_for(call(admission), timeout=10)
@@ -160,13 +169,12 @@ async def test_one_key_cannot_hold_more_than_its_share() -> None:
     gate = Gate()
     admission = AdmissionMiddleware(gate, Lifecycle(5), max_in_flight=10, max_in_flight_per_key=1)
     held = asyncio.create_task(call(admission, key="key-a"))
-    await asyncio.sleep(0.01)
+    await gate.until_entered(1)
     refused = await call(admission, key="key-a")
     assert refused[0]["status"] == 429
     assert json.loads(refused[1]["body"])["error"]["code"] == "concurrency_limit_exceeded"
     other = asyncio.create_task(call(admission, key="key-b"))
-    await asyncio.sleep(0.01)
-    assert gate.entered == 2
+    await gate.until_entered(2)
     gate.release.set()
     await asyncio.gather(held, other)
     assert [admission.tally.count(k) for k in ("req", "req:key-a", "req:key-b")] == [0, 0, 0]
@@ -182,11 +190,11 @@ async def test_workers_sharing_a_tally_hold_one_bound_between_them() -> None:
         for _ in range(2)
     ]
     held = asyncio.create_task(call(workers[0], key="key-a"))
-    await asyncio.sleep(0.01)
+    await gate.until_entered(1)
     refused = await call(workers[1], key="key-a")
     assert refused[0]["status"] == 429  # key-a's one slot is held in the other worker
     other = asyncio.create_task(call(workers[1], key="key-b"))
-    await asyncio.sleep(0.01)
+    await gate.until_entered(2)
     full = await call(workers[0], key="key-c")
     assert full[0]["status"] == 503  # two in flight, across the workers
     assert json.loads(full[1]["body"])["error"]["code"] == "overloaded"
@@ -200,7 +208,7 @@ async def test_while_draining_new_requests_get_503_and_in_flight_ones_finish() -
     lifecycle = Lifecycle(drain_timeout=30)
     admission = AdmissionMiddleware(gate, lifecycle, max_in_flight=10, max_in_flight_per_key=None)
     held = asyncio.create_task(call(admission))
-    await asyncio.sleep(0.01)
+    await gate.until_entered(1)
     lifecycle.begin_drain()
     assert not lifecycle.drained()
     refused = await call(admission)
@@ -232,7 +240,7 @@ def test_a_slow_body_holds_no_slot_until_it_has_arrived() -> None:
             assert b" 200 " in slow.recv(65536).split(b"\r\n", 1)[0]
         deadline = time.monotonic() + 5
         while lifecycle.in_flight:  # the slot is given back just after the last byte
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the slot was not given back"
             time.sleep(0.01)
 
 
@@ -332,11 +340,13 @@ def test_each_limit_is_a_400_naming_its_parameter(
 
 
 def test_a_request_over_its_time_limit_is_a_504_and_the_work_stops() -> None:
-    engine = FakeEngine(step_delay=5)
+    engine = FakeEngine(step_delay=30)
     with client_for(engine, request_timeout=0.3) as client:
         started = time.monotonic()
         response = client.post("/v1/chat/completions", json=chat())
-        assert time.monotonic() - started < 3
+        # Cut at the 0.3 s limit, not when the engine's 30 s step ends.
+        took = time.monotonic() - started
+        assert took < 10, f"a request over its 0.3 s limit was answered after {took:.2f} s"
         assert response.status_code == 504
         assert response.json()["error"]["code"] == "timeout"
         stream = client.post("/v1/chat/completions", json=chat(stream=True))
@@ -349,8 +359,7 @@ def test_a_stalled_stream_ends_with_an_error_event_and_the_work_stops() -> None:
     with client_for(engine, stream_stall_timeout=0.3) as client:
         response = client.post("/v1/chat/completions", json=chat(stream=True))
         assert response.status_code == 200
-        lines = response.text.splitlines()
-        events = [line[6:] for line in lines if line.startswith("data: ")]
+        events = sse_data(response.text)
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["code"] == "timeout"
         assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hello"

@@ -16,8 +16,7 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.http.asgi import body_received
 from sluicegate.http.body_limits import BodyLimitMiddleware
 from sluicegate.http.connection import guarded_protocol
-from tests.support.fakes import run_in_thread
-from tests.support.gateway import free_port
+from tests.support.fakes import loopback_socket, run_in_thread
 
 READ_TIMEOUT = 0.5
 
@@ -49,7 +48,8 @@ def port() -> Iterator[int]:
         else:
             await report(scope, receive, send)
 
-    number = free_port()
+    sock = loopback_socket()
+    number = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -59,7 +59,7 @@ def port() -> Iterator[int]:
         lifespan="off",
         log_level="warning",
     )
-    with run_in_thread(uvicorn.Server(config)):
+    with run_in_thread(uvicorn.Server(config), sock):
         yield number
 
 

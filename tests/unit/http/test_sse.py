@@ -57,11 +57,11 @@ async def never_disconnects() -> Message:
     raise AssertionError("unreachable")
 
 
-async def stream_into(socket: Socket) -> tuple[Source, float]:
+async def stream_into(socket: Socket, stall: float = STALL) -> tuple[Source, float]:
     source = Source()
-    response = EventStreamResponse(source.events(), stall_timeout=STALL)
+    response = EventStreamResponse(source.events(), stall_timeout=stall)
     started = time.monotonic()
-    await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 10)
+    await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 60)
     return source, time.monotonic() - started
 
 
@@ -69,9 +69,10 @@ async def test_a_client_that_reads_nothing_more_releases_the_stream_in_bounded_t
     socket = Socket(room=5)
     source, took = await stream_into(socket)
     assert source.closed.is_set(), "the event source (the engine request) was closed"
-    # The stall limit and the closing send's own, then released: the room past them is for a
-    # loaded machine (a stream held for good is what this catches).
-    assert took < 5 * 0.01 + STALL + CLOSING_SEND_TIMEOUT + 2.0, f"released after {took:.2f} s"
+    # The stall limit and the closing send's own, then released: 5 times that leaves room
+    # for a machine with both cores busy (a stream held for good is what this catches).
+    alone = 5 * 0.01 + STALL + CLOSING_SEND_TIMEOUT
+    assert took < 5 * alone, f"released after {took:.2f} s ({alone:.2f} s alone)"
     # The error event could not be written either; the response is left unfinished, so the
     # server drops the connection.
     assert len(socket.sent) == 5
@@ -80,7 +81,10 @@ async def test_a_client_that_reads_nothing_more_releases_the_stream_in_bounded_t
 
 async def test_the_error_event_goes_out_when_the_client_reads_again() -> None:
     socket = Socket(room=5, stuck=1)
-    source, _ = await stream_into(socket)
+    # A stall limit of 2 s: under 0.3 s, a loaded machine holding this process up between
+    # two of the source's events (10 ms apart) fired the limit on the source, before the
+    # send this test is about was stuck (it failed so once, at a load of 15 on two cores).
+    source, _ = await stream_into(socket, stall=2.0)
     assert source.closed.is_set()
     tail = b"".join(m.get("body", b"") for m in socket.sent[5:])
     events = [line[6:] for line in tail.decode().splitlines() if line.startswith("data: ")]
@@ -114,28 +118,29 @@ def data_lines(socket: Socket) -> list[str]:
 async def run_stream(source: Finite, **limits: float) -> Socket:
     socket = Socket(room=10_000)
     response = EventStreamResponse(source.events(), **limits)  # type: ignore[arg-type]
-    await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 10)
+    await asyncio.wait_for(response({"type": "http"}, never_disconnects, socket.send), 60)
     return socket
 
 
 async def test_a_stream_that_keeps_coming_outlives_many_stall_limits() -> None:
-    # 120 events 10 ms apart: 1.2 s of a stream under a 200 ms stall limit, which one timer
-    # per stream must re-arm after every event rather than fire. The limit is 20 times the
+    # 400 events 5 ms apart: 2 s of a stream under a 0.5 s stall limit, which one timer
+    # per stream must re-arm after every event rather than fire. The limit is 100 times the
     # gap between events: a loaded machine that holds this process up for a moment must not
     # look like a stalled source.
-    source = Finite(count=120, every=0.01)
-    socket = await run_stream(source, stall_timeout=0.2)
+    source = Finite(count=400, every=0.005)
+    socket = await run_stream(source, stall_timeout=0.5)
     events = data_lines(socket)
-    assert len(events) == 121 and events[-1] == "[DONE]", events[-3:]
+    assert len(events) == 401 and events[-1] == "[DONE]", events[-3:]
 
 
 async def test_an_event_source_that_stalls_ends_with_a_timeout_error_and_is_closed() -> None:
-    source = Finite(count=5, every=0.01, pause=5.0)
+    source = Finite(count=5, every=0.01, pause=30.0)
     started = time.monotonic()
     socket = await run_stream(source, stall_timeout=0.2)
     took = time.monotonic() - started
-    # Ended by the 0.2 s stall limit (0.25 s alone), not by the source's 5 s pause.
-    assert took < 3.0, f"the stream ended after {took:.2f} s"
+    # Ended by the 0.2 s stall limit (0.25 s alone), not by the source's 30 s pause: the
+    # bound is a third of the pause, and 40 times what it takes alone.
+    assert took < 10.0, f"the stream ended after {took:.2f} s, not at its 0.2 s stall limit"
     assert source.closed.is_set()
     events = data_lines(socket)
     assert len(events) == 7
@@ -144,29 +149,33 @@ async def test_an_event_source_that_stalls_ends_with_a_timeout_error_and_is_clos
 
 
 async def test_the_deadline_ends_a_stream_whose_events_keep_coming() -> None:
-    source = Finite(count=1000, every=0.01)
+    source = Finite(count=4000, every=0.01)
     deadline = asyncio.get_running_loop().time() + 0.3
     started = time.monotonic()
-    socket = await run_stream(source, stall_timeout=5.0, deadline=deadline)
+    socket = await run_stream(source, stall_timeout=30.0, deadline=deadline)
     took = time.monotonic() - started
-    # Ended by the 0.3 s deadline, not by the 10 s of events or the 5 s stall limit.
-    assert took < 3.0, f"the stream ended after {took:.2f} s"
+    # Ended by the 0.3 s deadline, not by the 40 s of events or the 30 s stall limit: the
+    # bound is a third of the stall limit, and 30 times what it takes alone.
+    assert took < 10.0, f"the stream ended after {took:.2f} s, not at its 0.3 s deadline"
     assert source.closed.is_set()
     events = data_lines(socket)
-    # Some events, then the timeout; events are at least 10 ms apart, so at most 300 in 3 s.
-    assert 2 < len(events) < 300, len(events)
+    # Some events, then the timeout; events are at least 10 ms apart, so at most 1000 in 10 s.
+    assert 2 < len(events) < 1000, len(events)
     assert json.loads(events[-2])["error"]["code"] == "timeout"
 
 
 async def test_a_cancelled_stream_is_cancelled_not_timed_out() -> None:
-    # The server cancelling the stream (the client gone) stays a cancellation, even with the
-    # stall limit about to fire (0.1 s away: room for a loaded machine to hold this process
-    # up for a moment without the limit firing first).
-    source = Finite(count=1, every=0.01, pause=5.0)
+    # The server cancelling the stream (the client gone) stays a cancellation, with the
+    # stall limit armed. Cancelled once the event is out (a condition, not a sleep racing a
+    # 0.1 s margin to the limit, which a loaded machine lost): the limit is 30 s away.
+    source = Finite(count=1, every=0.01, pause=60.0)
     socket = Socket(room=10_000)
-    response = EventStreamResponse(source.events(), stall_timeout=0.4)
+    response = EventStreamResponse(source.events(), stall_timeout=30.0)
     task = asyncio.ensure_future(response({"type": "http"}, never_disconnects, socket.send))
-    await asyncio.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while not data_lines(socket):
+        assert time.monotonic() < deadline, "the stream's first event never went out"
+        await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.wait([task], timeout=5)
     assert task.cancelled()
@@ -192,7 +201,7 @@ async def test_one_watcher_watches_for_the_first_event_and_the_stream() -> None:
     source = Finite(count=3, every=0.01)
     response = await open_event_stream(connection.receive, source.events(), stall_limit=5.0)
     socket = Socket(room=10_000)
-    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 60)
     assert len(data_lines(socket)) == 4  # three events and [DONE]
     # One pending `receive` for the whole exchange: the first wait's watcher went on to
     # watch the stream, instead of a second one being started.
@@ -204,9 +213,13 @@ async def test_a_client_gone_between_the_first_event_and_the_stream_ends_it() ->
     source = Finite(count=1000, every=0.01)
     response = await open_event_stream(connection.receive, source.events(), stall_limit=5.0)
     connection.leave.set()
-    await asyncio.sleep(0.05)  # the watcher sees the client gone before the stream begins
+    # The watcher sees the client gone before the stream begins.
+    deadline = time.monotonic() + 10
+    while not response._watcher or not response._watcher.done():
+        assert time.monotonic() < deadline, "the watcher never saw the client leave"
+        await asyncio.sleep(0.01)
     socket = Socket(room=10_000)
-    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+    await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 60)
     assert source.closed.is_set(), "the event source (the engine request) was closed"
     assert "[DONE]" not in data_lines(socket)
     assert connection.calls == 1
@@ -223,7 +236,7 @@ async def test_one_watcher_with_a_keepalive_whether_the_first_event_is_late_or_n
             connection.receive, source.events(), stall_limit=5.0, keepalive=keepalive
         )
         socket = Socket(room=10_000)
-        await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 10)
+        await asyncio.wait_for(response({"type": "http"}, connection.receive, socket.send), 60)
         body = b"".join(m.get("body", b"") for m in socket.sent)
         assert (b": ping" in body) is pinged
         assert len(data_lines(socket)) == 3  # two events and [DONE]

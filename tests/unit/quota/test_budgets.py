@@ -58,10 +58,13 @@ async def test_a_reservation_whose_answer_never_came_counts_once(
     with running_redis(tmp_path, persist=True) as server:
         client = redis.asyncio.Redis.from_url(server.url)
         keeper = BudgetKeeper(client, prefix=prefix, op_timeout=0.1, retry_interval=0.05)
-        server.pause(0.6)
+        # Paused for 30 times the call's timeout, from before the call: a loaded machine
+        # cannot let Redis wake in time to answer it.
+        server.pause(3.0)
+        await asyncio.to_thread(server.wait_until_paused)
         hold = await keeper.reserve("key-a", BUDGET, 100)  # no answer in time: decided here
         assert hold.reserved == 100
-        await asyncio.sleep(0.8)  # Redis wakes, and may run the call it had queued
+        await asyncio.to_thread(server.wait_until_awake)  # and may run the call it had queued
         await keeper.sync()
         # Counted once; and twice what was asked is held as this process's headroom.
         assert _counter(server.url, prefix) == 100 + 200

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from sluicegate.errors import EngineUnavailableError
+from sluicegate.quota.quotas import Quotas, Reservation
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, serve_in_thread
 
 TPM = 60
@@ -42,12 +43,37 @@ def served() -> Iterator[tuple[str, FakeEngine]]:
         yield url, engine
 
 
+_released: list[int] = []
+"""The completion tokens of each settlement made (`Quotas.release`) in the running test."""
+
+
+@pytest.fixture(autouse=True)
+def settlements(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Note each settlement once it is done, so that a test waits for it rather than for a
+    sleep long enough (0.2 s, which a loaded machine could outlast)."""
+    original = Quotas.release
+
+    async def noted(
+        self: Quotas, reservation: Reservation, completion_tokens: int, prompt_tokens: int = 0
+    ) -> None:
+        await original(self, reservation, completion_tokens, prompt_tokens)
+        _released.append(completion_tokens)
+
+    monkeypatch.setattr(Quotas, "release", noted)
+    _released.clear()
+    yield
+    _released.clear()
+
+
 def wait_idle(engine: FakeEngine) -> None:
-    deadline = time.monotonic() + 5
-    while engine.active:
-        assert time.monotonic() < deadline, "the engine request was not aborted"
+    """Until the engine request is aborted and its reservation settled."""
+    deadline = time.monotonic() + 10
+    while engine.active or not _released:  # settled as the run's generator closes
+        assert time.monotonic() < deadline, (
+            f"in 10 s: {len(engine.active)} engine requests still active, "
+            f"{len(_released)} settlements"
+        )
         time.sleep(0.01)
-    time.sleep(0.2)  # the settlement runs as the run's generator closes
 
 
 def remaining_after(url: str) -> int:
@@ -141,7 +167,10 @@ def test_a_request_that_could_never_fit_is_refused_at_once() -> None:
     with serve_in_thread(fake_app(engine, rate_limit_tokens_per_minute=TPM)) as url:
         started = time.monotonic()
         response = httpx.post(f"{url}/v1/chat/completions", json=chat(max_tokens=57), timeout=10)
-        assert time.monotonic() - started < 1
+        # At once (a few ms alone), not queued for tokens that can never come: 5 s is over
+        # 5 times what it takes with both cores busy.
+        took = time.monotonic() - started
+        assert took < 5, f"a request that can never fit was answered after {took:.2f} s"
         assert response.status_code == 429
         error = response.json()["error"]
         assert error["code"] == "rate_limit_exceeded"

@@ -161,7 +161,9 @@ async def test_unreachable_redis_enforces_the_local_share(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="sluicegate.quota.redis_limiter"):
         started = time.monotonic()
         decisions = [await limiter.acquire("key-a", limit, 0) for _ in range(10)]
-        assert time.monotonic() - started < 1
+        # A refused connection, then the share (a few ms alone): no check hangs on the store.
+        took = time.monotonic() - started
+        assert took < 5, f"10 checks took {took:.2f} s with Redis unreachable"
     await limiter.close()
     assert [d.allowed for d in decisions] == [True] * 4 + [False] * 6
     assert all(d.local for d in decisions)
@@ -196,7 +198,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
 
 
 async def test_a_frozen_redis_falls_back_and_comes_back(own_redis: RedisProcess) -> None:
-    client = redis.asyncio.Redis.from_url(own_redis.url, socket_timeout=5)
+    client = redis.asyncio.Redis.from_url(own_redis.url, socket_timeout=60)
     # The operation timeout is what a check through a live Redis must come within, on a
     # loaded machine too (0.1 s once was not enough for the first one).
     limiter = RedisRateLimiter(client, op_timeout=0.5, local_share=0.25, retry_interval=0.3)
@@ -214,10 +216,11 @@ async def test_a_frozen_redis_falls_back_and_comes_back(own_redis: RedisProcess)
         # Redis (the local state shadows it).
         assert sum(d.allowed for d in frozen) == 9
         assert all(d.local for d in frozen)
-        # No check waited on the client's 5 s socket timeout: each try of Redis is cut at the
-        # 0.5 s operation timeout, and most checks skip it (about 1 s in all alone). The
-        # bound is under one socket timeout, with room for a loaded machine.
-        assert elapsed < 4.0, (
+        # No check waited on the client's 60 s socket timeout: each try of Redis is cut at
+        # the 0.5 s operation timeout, and most checks skip it (about 1 s in all alone). The
+        # bound is a third of one socket timeout, over 5 times what it takes with both cores
+        # busy.
+        assert elapsed < 20.0, (
             f"20 checks took {elapsed:.2f} s with Redis frozen; tries that failed: "
             f"{store_errors() - errors:g}"
         )
