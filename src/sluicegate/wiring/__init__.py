@@ -1,0 +1,130 @@
+"""From `Settings` to what each package takes, and opening what the lifespan owns.
+
+The packages below never see `Settings`: each takes its own small config object, built here
+and nowhere else, a module per subsystem. The lifespan in `app.py` opens them in this order:
+
+- `redis`: the one client (a bounded pool) for everything the gateway keeps in Redis;
+- `keys`: managed keys, and the usage ledger with its reader;
+- `observability`: traces, and the keys that metrics name;
+- `quotas`: rate limits, each key's share of the engines, and the budgets;
+- `registry`: the models (`entries`) and their engines (`engines`), each model's service
+  (`inference`);
+- `cache`: the response cache and the embeddings'; `responses`: stored responses.
+
+Each `enter_*` function opens its part for the lifespan and registers its closing on the
+lifespan's exit stack; the `open_*` functions and the config builders are what the tests
+and the other processes (`cli`, `supervisor`, `server`) call. Their names are kept here too.
+"""
+
+from sluicegate.wiring import (
+    cache,
+    engines,
+    entries,
+    inference,
+    keys,
+    observability,
+    quotas,
+    redis,
+    registry,
+    responses,
+)
+from sluicegate.wiring.cache import cache_config, embedding_cache, open_cache, ttl_rule
+from sluicegate.wiring.engines import (
+    EmbedderFactory,
+    LocalFactory,
+    PoolFactory,
+    chat_template,
+    embedding_config,
+    embedding_model_folder,
+    engine_config,
+    local_factories,
+    start_local_embedder,
+    start_local_engine,
+    start_pool,
+    tool_call_parser,
+    upstream_config,
+    watches_engine,
+)
+from sluicegate.wiring.entries import (
+    ModelsError,
+    check_embedding_name,
+    local_engine_configs,
+    model_entries,
+    uses_local_engine,
+)
+from sluicegate.wiring.inference import (
+    budget_policy,
+    load_limits,
+    request_limits,
+    service_factory,
+    structured_limits,
+    timeouts,
+)
+from sluicegate.wiring.keys import open_key_store, open_ledger, usage_reader
+from sluicegate.wiring.quotas import (
+    default_rate_limit,
+    embedding_share,
+    open_quotas,
+    rate_limit_overrides,
+    sequence_share,
+    warn_if_evicting,
+)
+from sluicegate.wiring.redis import greet_redis, open_redis, redis_client
+from sluicegate.wiring.registry import open_models
+from sluicegate.wiring.responses import open_response_store
+
+__all__ = [
+    "EmbedderFactory",
+    "LocalFactory",
+    "ModelsError",
+    "PoolFactory",
+    "budget_policy",
+    "cache",
+    "cache_config",
+    "chat_template",
+    "check_embedding_name",
+    "default_rate_limit",
+    "embedding_cache",
+    "embedding_config",
+    "embedding_model_folder",
+    "embedding_share",
+    "engine_config",
+    "engines",
+    "entries",
+    "greet_redis",
+    "inference",
+    "keys",
+    "load_limits",
+    "local_engine_configs",
+    "local_factories",
+    "model_entries",
+    "observability",
+    "open_cache",
+    "open_key_store",
+    "open_ledger",
+    "open_models",
+    "open_quotas",
+    "open_redis",
+    "open_response_store",
+    "quotas",
+    "rate_limit_overrides",
+    "redis",
+    "redis_client",
+    "registry",
+    "request_limits",
+    "responses",
+    "sequence_share",
+    "service_factory",
+    "start_local_embedder",
+    "start_local_engine",
+    "start_pool",
+    "structured_limits",
+    "timeouts",
+    "tool_call_parser",
+    "ttl_rule",
+    "upstream_config",
+    "usage_reader",
+    "uses_local_engine",
+    "warn_if_evicting",
+    "watches_engine",
+]
