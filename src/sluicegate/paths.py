@@ -25,5 +25,13 @@ LORA_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
 def is_admin_path(path: str) -> bool:
-    """Whether `path` is one of the admin endpoints (or under their prefix)."""
+    """Whether `path` is one of the admin endpoints (or under their prefix), trailing slashes
+    or not (the router redirects one without them there, after the body is read)."""
+    path = route_path(path)
     return path in LORA_PATHS or path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+
+
+def route_path(path: str) -> str:
+    """`path` without trailing slashes: the route it leads to (`/v1/load_lora_adapter/` is
+    `/v1/load_lora_adapter`, through a redirect)."""
+    return path.rstrip("/") or "/"

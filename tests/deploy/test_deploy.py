@@ -580,6 +580,9 @@ def test_every_service_runs_without_capabilities_on_a_read_only_root(stack: str)
 def test_what_the_services_write_is_on_volumes_or_tmpfs() -> None:
     services = load(COMPOSE)["services"]
     assert "models:/models" in services["gateway"]["volumes"]  # HF_HOME, hub models
+    # TMPDIR, where every LoRA adapter is copied: on a volume, not the small in-memory /tmp.
+    assert services["gateway"]["environment"]["TMPDIR"] == "/var/tmp"
+    assert "lora-snapshots:/var/tmp" in services["gateway"]["volumes"]
     assert "prometheus-data:/prometheus" in services["prometheus"]["volumes"]
     assert "grafana-data:/var/lib/grafana" in services["grafana"]["volumes"]
     # Grafana logs to its console only: its log folder is on the read-only root.

@@ -440,3 +440,26 @@ def test_the_picker_reads_the_gateways_by_their_engine_type_label() -> None:
     assert {
         engine[spec] for spec in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")
     } == {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
+
+
+@pytest.mark.parametrize("target", GATEWAY_TARGETS)
+def test_the_lora_snapshots_have_a_disk_volume_of_their_own_within_the_storage_limit(
+    target: str,
+) -> None:
+    """TMPDIR (where every adapter is copied) is a volume on disk with room for adapters, not
+    a small /tmp nor memory, and the emptyDirs fit in the ephemeral-storage limit that would
+    evict the pod."""
+    for where, template in gateways(target):
+        container = gateway_container(template)
+        folder = environment(container).get("TMPDIR", "/tmp")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        snapshots = volumes[mount["name"]]["emptyDir"]
+        assert snapshots.get("medium") != "Memory", where
+        assert memory_bytes(snapshots["sizeLimit"]) >= 2 * 1024**3, where
+        on_disk = sum(
+            memory_bytes(v["emptyDir"]["sizeLimit"])
+            for v in volumes.values()
+            if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"
+        )
+        assert on_disk <= memory_bytes(container["resources"]["limits"]["ephemeral-storage"])

@@ -112,7 +112,16 @@ def within_roots(path: str | Path, roots: Sequence[str], shown: str) -> Path:
     """The real path of `path` (every symlink resolved), when it lies inside one of `roots`
     (their own real paths); `AdapterError` naming `shown`, not where it leads, otherwise.
     Blocking (it reads links): run it in a thread."""
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except OSError as exc:  # a link changed while it was read
+        raise AdapterError(f"lora_path {shown} cannot be resolved: {exc.strerror}") from None
+    return inside_roots(real, roots, shown)
+
+
+def inside_roots(real: str, roots: Sequence[str], shown: str) -> Path:
+    """`real`, a path with no symlinks left in it (one read from `/proc/self/fd`), when it lies
+    inside one of `roots`; `AdapterError` naming `shown` otherwise, as `within_roots`."""
     for root in roots:
         top = os.path.realpath(root)
         if os.path.commonpath([real, top]) == top:

@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,20 +78,51 @@ class LoadedAdapters:
                     f"The adapter {name!r} is already loaded.", param="lora_name"
                 )
             lora_id = next(self._ids)
+            # The thread runs on if the load is cancelled: whatever it makes is dropped then.
+            prepared = asyncio.ensure_future(asyncio.to_thread(self._prepare, path, lora_id, roots))
             try:
-                snapshot, info = await asyncio.to_thread(self._prepare, path, lora_id, roots)
+                snapshot, info = await asyncio.shield(prepared)
             except AdapterError as exc:
                 raise InvalidRequestError(str(exc), param="lora_path") from None
+            except OSError as exc:  # the adapter's files changed while they were read
+                raise InvalidRequestError(
+                    f"lora_path {path} cannot be read: {exc.strerror or exc}", param="lora_path"
+                ) from None
+            except BaseException:
+                self._in_background(self._abandon(prepared, None))
+                raise
             request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=snapshot)
             try:
                 await self._llm.add_lora(request)
             except Exception as exc:
-                await asyncio.to_thread(self._snapshots.drop, snapshot)
+                await asyncio.shield(self._in_background(self._abandon(prepared, None)))
                 raise InvalidRequestError(
                     f"vLLM refused the adapter: {_engine_message(exc)}", param="lora_path"
                 ) from None
+            except BaseException:  # cancelled: vLLM may have taken it meanwhile
+                self._in_background(self._abandon(prepared, lora_id))
+                raise
             self._loaded[name] = _Loaded(request, path, info.fingerprint)
         logger.info("LoRA adapter %s loaded from %s", name, path)
+
+    async def _abandon(
+        self, prepared: asyncio.Future[tuple[str, AdapterInfo]], added: int | None
+    ) -> None:
+        """Undo a load that did not finish: the adapter out of vLLM (`added`: its id, when
+        vLLM may hold it), then its snapshot, once the thread making it has ended."""
+        if added is not None:
+            with contextlib.suppress(Exception):
+                await self._llm.remove_lora(added)
+        with contextlib.suppress(BaseException):
+            snapshot, _ = await prepared
+            await asyncio.to_thread(self._snapshots.drop, snapshot)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """`work` as a task that a cancellation of its caller does not stop (`close` does)."""
+        task = asyncio.create_task(work)
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
 
     def _prepare(
         self, path: str, lora_id: int, roots: Sequence[str] | None
@@ -110,9 +141,7 @@ class LoadedAdapters:
         loaded = self._loaded.pop(name, None)
         if loaded is None:
             raise NotFoundError(f"The adapter {name!r} is not loaded.", param="lora_name")
-        task = asyncio.create_task(self._retire(name, loaded))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._in_background(self._retire(name, loaded))
 
     async def _retire(self, name: str, loaded: _Loaded) -> None:
         if loaded.running:

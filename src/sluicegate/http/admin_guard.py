@@ -28,7 +28,7 @@ from sluicegate.http.asgi import api_key_id, is_admin
 from sluicegate.http.errors import send_error
 from sluicegate.http.state import Access, AppState, app_state
 from sluicegate.keys import ANONYMOUS
-from sluicegate.paths import ADMIN_PREFIX, LORA_PATHS, is_admin_path
+from sluicegate.paths import ADMIN_PREFIX, LORA_PATHS, is_admin_path, route_path
 
 MANAGED_KEYS_OFF = "Managed keys are off (SLUICEGATE_MANAGED_KEYS)."
 USAGE_LEDGER_OFF = "The usage ledger is off (it needs SLUICEGATE_REDIS_URL)."
@@ -69,6 +69,7 @@ def admin_refusal(scope: Scope, access: Access) -> GatewayError | None:
 
 def _check_feature(path: str, state: AppState) -> None:
     """A 404 for an admin endpoint whose feature is off."""
+    path = route_path(path)
     if path in LORA_PATHS:
         if not state.allow_runtime_lora:
             raise NotFoundError(RUNTIME_LORA_OFF)

@@ -9,7 +9,15 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    field_validator,
+    model_validator,
+)
 
 from sluicegate.prices import NANO
 
@@ -26,7 +34,25 @@ FIRST_SECOND, LAST_SECOND = -62135596800, 253402300799
 """0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z, a datetime's range, as Unix seconds: the
 expiries a key may have."""
 
+MAX_MODEL_NAME_BYTES = 256
+"""The most a model name of a key's `models` may take in UTF-8, as the admin API takes it: 256
+names of 256 characters of four bytes each would not fit in `ADMIN_MAX_REQUEST_BYTES`."""
+
+
+def _utf8_bounded(value: str) -> str:
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_MODEL_NAME_BYTES:
+        raise ValueError(
+            f"a model name takes at most {MAX_MODEL_NAME_BYTES} bytes in UTF-8; this one "
+            f"takes {size}"
+        )
+    return value
+
+
 ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+"""A model name as stored (keys made before names were bounded in bytes keep theirs)."""
+SentModelName = Annotated[ModelName, AfterValidator(_utf8_bounded)]
+"""A model name as the admin API takes it."""
 Amount = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
 Cost = Annotated[float, Field(gt=0, le=MAX_COST)]
 Priority = Annotated[int, Field(ge=-KEY_PRIORITY_BOUND, le=KEY_PRIORITY_BOUND)]
@@ -54,7 +80,7 @@ class KeySettings(_Strict):
     """Every setting of a managed key; each may be left out (the gateway's default)."""
 
     name: Annotated[str, Field(max_length=256)] | None = None
-    models: Annotated[list[ModelName], Field(max_length=MAX_MODELS)] | None = None
+    models: Annotated[list[SentModelName], Field(max_length=MAX_MODELS)] | None = None
     """The models it may use (others are unknown to it, 404); None: every model."""
     rpm: Amount | None = None
     tpm: Amount | None = None

@@ -11,10 +11,11 @@ What this server cannot do is refused here, by name: images and documents (its m
 text only), extended thinking, server tools (web search, code execution), MCP servers.
 Unknown fields are ignored, as vLLM's server ignores them.
 
-A turn holds at most `MAX_CONTENT_BLOCKS` blocks (a 400 past it). A body large enough to be
-parsed in the worker process (`api.route.LargeBodyRoute`) is converted there too
-(`Converted.converted`): what comes back to the event loop is the chat request's turns, one
-string of content each, not the blocks.
+A turn, and the system prompt, hold at most `MAX_CONTENT_BLOCKS` blocks each (a 400 past
+it). A body large enough to be parsed in the worker process (`api.route.LargeBodyRoute`) is
+converted there too (`Converted.converted`): what comes back to the event loop is the chat
+request's turns, one string of content each, not the blocks (nor the system prompt's, nor the
+tools).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
 
 from sluicegate.wire.requests import MAX_MESSAGES, _Model
 
@@ -41,6 +42,23 @@ class TextBlock(_Model):
     text: str
 
 
+def _bounded(value: Any, holder: str) -> Any:
+    if isinstance(value, list) and len(value) > MAX_CONTENT_BLOCKS:
+        raise ValueError(
+            f"{holder} holds at most {MAX_CONTENT_BLOCKS} content blocks; this one has "
+            f"{len(value)} (merge its text blocks"
+            + (", or split it into turns)" if holder == "a turn" else ")")
+        )
+    return value
+
+
+SystemPrompt = Annotated[
+    str | list[TextBlock] | None,
+    BeforeValidator(lambda value: _bounded(value, "the system prompt")),
+]
+"""`system`: a string, or at most `MAX_CONTENT_BLOCKS` text blocks."""
+
+
 class ContentBlock(_Model):
     """A block of a turn's content, checked by its `type` (`blocks` in `Message`)."""
 
@@ -55,12 +73,7 @@ class Message(_Model):
     @field_validator("content", mode="before")
     @classmethod
     def _bounded(cls, value: Any) -> Any:
-        if isinstance(value, list) and len(value) > MAX_CONTENT_BLOCKS:
-            raise ValueError(
-                f"a turn holds at most {MAX_CONTENT_BLOCKS} content blocks; this one has "
-                f"{len(value)} (merge its text blocks, or split it into turns)"
-            )
-        return value
+        return _bounded(value, "a turn")
 
     def blocks(self) -> list[dict[str, Any]]:
         """The content as blocks (a string is one text block)."""
@@ -150,14 +163,17 @@ class Converted(_Model):
         return self._chat
 
     def converted(self) -> Self:
-        """This request with its conversion done and its turns let go: what a worker process
-        sends back, small to pickle (the chat turns are one string each)."""
+        """This request with its conversion done and its turns, system prompt and tools let
+        go: what a worker process sends back, small to pickle (the chat turns are one string
+        each)."""
         chat: dict[str, Any] | tuple[str, str]
         try:
             chat = self.convert()
         except UnsupportedBlockError as exc:
             chat = (str(exc), exc.param)
-        light = self.model_copy(update={"messages": []})
+        # Nothing reads the blocks, the system prompt or the tools once converted: the
+        # endpoint takes `chat_body`, `model` and `stream`.
+        light = self.model_copy(update={"messages": [], "system": None, "tools": None})
         light._chat = chat
         return light
 
@@ -166,7 +182,7 @@ class MessagesRequest(Converted):
     model: str = Field(min_length=1)
     max_tokens: int = Field(ge=1, le=2**63 - 1)
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
-    system: str | list[TextBlock] | None = None
+    system: SystemPrompt = None
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -199,7 +215,7 @@ class CountTokensRequest(Converted):
 
     model: str = Field(min_length=1)
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
-    system: str | list[TextBlock] | None = None
+    system: SystemPrompt = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
 

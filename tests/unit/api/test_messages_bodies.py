@@ -6,6 +6,7 @@ megabytes is worked on (real loopback HTTP)."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,8 @@ from fastapi.testclient import TestClient
 
 from sluicegate.api.route import LARGE_BODY_BYTES
 from sluicegate.wire import messages as wire_messages
-from sluicegate.wire.messages import MAX_CONTENT_BLOCKS
+from sluicegate.wire.compact import compact_body
+from sluicegate.wire.messages import MAX_CONTENT_BLOCKS, CountTokensRequest, MessagesRequest
 from tests.support.fakes import FAKE_MODEL, FakeEngine, fake_app, health_silence, serve_in_thread
 
 MESSAGES, COUNT = "/v1/messages", "/v1/messages/count_tokens"
@@ -100,6 +102,19 @@ def test_a_block_the_server_cannot_take_in_a_large_body_is_the_same_400(
     assert "text only" in large.json()["error"]["message"]
 
 
+def refusal_of_blocks(client: TestClient, path: str, sent: dict[str, Any], large: bool) -> str:
+    """The message of the 400 that refuses `sent` for holding too many blocks, in
+    Anthropic's envelope; `large`: the body is parsed in the worker process."""
+    payload = json.dumps(sent).encode()
+    assert (len(payload) > LARGE_BODY_BYTES) == large
+    answer = client.post(path, headers=JSON, content=payload)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert f"at most {MAX_CONTENT_BLOCKS} content blocks" in error["error"]["message"]
+    return str(error["error"]["message"])
+
+
 @pytest.mark.parametrize("path", [MESSAGES, COUNT])
 @pytest.mark.parametrize("count", [1, 41])
 def test_a_turn_of_more_blocks_than_the_cap_is_an_anthropic_400(
@@ -109,16 +124,39 @@ def test_a_turn_of_more_blocks_than_the_cap_is_an_anthropic_400(
     sent["messages"][-1]["content"] = [{"type": "text", "text": "w"}] * (MAX_CONTENT_BLOCKS + 1)
     if count > 1:
         sent["messages"][0]["content"] = [{"type": "text", "text": "w" * 5000}] * 40
-    payload = json.dumps(sent).encode()
-    assert (len(payload) > LARGE_BODY_BYTES) == (count > 1)
-    answer = client.post(path, headers=JSON, content=payload)
-    assert answer.status_code == 400, answer.text
-    error = answer.json()
-    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
-    assert f"at most {MAX_CONTENT_BLOCKS} content blocks" in error["error"]["message"]
+    refusal_of_blocks(client, path, sent, large=count > 1)
     # At the cap, the turn is taken.
     sent["messages"][-1]["content"] = [{"type": "text", "text": "w"}] * MAX_CONTENT_BLOCKS
     assert client.post(path, headers=JSON, content=json.dumps(sent).encode()).status_code == 200
+
+
+@pytest.mark.parametrize("path", [MESSAGES, COUNT])
+@pytest.mark.parametrize("count", [1, 41])
+def test_a_system_prompt_of_more_blocks_than_the_cap_is_an_anthropic_400(
+    client: TestClient, path: str, count: int
+) -> None:
+    sent = json.loads(messages_body(count, 2 if count == 1 else 200))
+    sent["system"] = [{"type": "text", "text": "s"}] * (MAX_CONTENT_BLOCKS + 1)
+    assert "system prompt" in refusal_of_blocks(client, path, sent, large=count > 1)
+    sent["system"] = [{"type": "text", "text": "s"}] * MAX_CONTENT_BLOCKS
+    assert client.post(path, headers=JSON, content=json.dumps(sent).encode()).status_code == 200
+
+
+@pytest.mark.parametrize("model", [MessagesRequest, CountTokensRequest])
+def test_what_the_worker_sends_back_holds_no_blocks_system_prompt_or_tools(
+    model: type[MessagesRequest] | type[CountTokensRequest],
+) -> None:
+    tool = {"name": "lookup", "input_schema": {"type": "object", "properties": {}}}
+    sent = json.loads(messages_body(41, 200))
+    sent["system"] = [{"type": "text", "text": "be brief " * 500}] * MAX_CONTENT_BLOCKS
+    sent["tools"] = [tool | {"name": f"tool_{i}", "description": "d" * 1000} for i in range(64)]
+    back = compact_body(model, json.dumps(sent).encode(), convert=True).request
+    assert isinstance(back, model)
+    assert back.messages == [] and back.system is None and back.tools is None
+    chat = back.chat_body()  # the conversion, done before they were let go
+    assert chat["messages"][0]["role"] == "system" and "be brief" in chat["messages"][0]["content"]
+    assert len(chat["tools"]) == 64
+    assert len(pickle.dumps(back)) < len(json.dumps(chat)) * 2
 
 
 def test_health_keeps_answering_while_a_huge_messages_body_is_worked_on(

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from sluicegate.engine.lora import AdapterError
+from sluicegate.engine import lora_snapshots
+from sluicegate.engine.lora import AdapterError, within_roots
 from sluicegate.engine.lora_snapshots import Snapshots
 
 
@@ -119,4 +121,43 @@ def test_a_weights_link_leading_out_is_refused_whether_or_not_its_target_exists(
             snapshots.take(str(folder), name, roots=[str(roots)])
         answers.append(str(caught.value).replace(name, "NAME"))
     assert answers[0] == answers[1] and "outside the folders" in answers[0]
+    snapshots.close()
+
+
+@pytest.mark.parametrize("checked", ["the folder", "its config"])
+def test_a_folder_swapped_for_a_link_out_after_the_check_copies_nothing_from_outside(
+    tmp_path: Path, snapshots: Snapshots, monkeypatch: pytest.MonkeyPatch, checked: str
+) -> None:
+    """A folder on the way to the adapter replaced by a symlink out of the roots between the
+    check of a path and its opening: what is copied is never what lies outside."""
+    roots = tmp_path / "roots"
+    adapter(roots / "a" / "x")
+    outside = adapter(tmp_path / "outside" / "x", weights=b"SECRET")
+    (outside / "adapter_config.json").write_text('{"SECRET": true}')
+
+    def swap(out: bool) -> None:
+        if out:
+            (roots / "a").rename(roots / "moved")
+            (roots / "a").symlink_to(tmp_path / "outside")
+        else:
+            (roots / "a").unlink()
+            (roots / "moved").rename(roots / "a")
+
+    def check_then_swap(path: str | Path, allowed: Sequence[str], shown: str) -> Path:
+        name = Path(path).name
+        if name == "adapter_model.safetensors" and checked == "its config":
+            swap(out=False)  # back before the weights are checked: only the config went out
+        real = within_roots(path, allowed, shown)
+        if name == ("x" if checked == "the folder" else "adapter_config.json"):
+            swap(out=True)
+        return real
+
+    monkeypatch.setattr(lora_snapshots, "within_roots", check_then_swap)
+    try:
+        taken = Path(snapshots.take(str(roots / "a" / "x"), "1", roots=[str(roots)]))
+    except AdapterError as refused:
+        assert "SECRET" not in str(refused)
+    else:
+        assert "SECRET" not in (taken / "adapter_config.json").read_text()
+        assert (taken / "adapter_model.safetensors").read_bytes() == b"weights"
     snapshots.close()

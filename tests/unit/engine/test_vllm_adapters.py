@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sluicegate.engine.lora import BaseModel
 from sluicegate.engine.lora_snapshots import Snapshots
 from sluicegate.engine.vllm_adapters import LoadedAdapters
-from sluicegate.errors import InvalidRequestError, NotFoundError
+from sluicegate.errors import EngineUnavailableError, InvalidRequestError, NotFoundError
 from tests.support.fakes import FakeLoraLLM
 
 
@@ -166,4 +169,105 @@ async def test_loads_at_run_time_are_confined_to_the_roots(tmp_path: Path) -> No
     await loaded.load("a", inside, roots)
     await loaded.load("b", outside)  # the operator's own (LORA_MODULES): anywhere
     assert [r.lora_name for r in llm.added] == ["a", "b"]
+    await loaded.close()
+
+
+async def settled(check: Callable[[], bool]) -> bool:
+    for _ in range(500):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return check()
+
+
+class HeldSnapshots(Snapshots):
+    """Snapshots whose `take` waits (in its thread) until `release` is set."""
+
+    def __init__(self, parent: str) -> None:
+        super().__init__(parent)
+        self.taking = threading.Event()
+        self.release = threading.Event()
+
+    def take(self, source: str, key: str, roots: Sequence[str] | None) -> str:
+        self.taking.set()
+        self.release.wait(30)
+        return super().take(source, key, roots)
+
+
+class HeldLoraLLM(FakeLoraLLM):
+    """Takes the adapter, then never answers."""
+
+    async def add_lora(self, request: Any) -> bool:
+        self.added.append(request)
+        await asyncio.Event().wait()
+        return True
+
+
+def snapshots_in(owned: Path) -> list[Path]:
+    return [snapshot for made in owned.iterdir() for snapshot in made.iterdir()]
+
+
+async def test_a_load_cancelled_while_its_snapshot_is_made_leaves_none(tmp_path: Path) -> None:
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    snapshots = HeldSnapshots(str(owned))
+    llm = FakeLoraLLM()
+    loaded = LoadedAdapters(llm, 16, BaseModel.of(set(), {}), snapshots)
+    load = asyncio.create_task(loaded.load("a", folder(tmp_path)))
+    assert await asyncio.to_thread(snapshots.taking.wait, 30)
+    load.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await load
+    snapshots.release.set()  # the thread ends after the cancellation, its copy made
+    assert await settled(lambda: not snapshots_in(owned) and not loaded._retiring)
+    assert loaded.names() == [] and llm.added == []
+    await loaded.close()
+
+
+async def test_a_load_cancelled_while_vllm_takes_it_removes_it_and_its_snapshot(
+    tmp_path: Path,
+) -> None:
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    llm = HeldLoraLLM()
+    loaded = LoadedAdapters(llm, 16, BaseModel.of(set(), {}), Snapshots(str(owned)))
+    load = asyncio.create_task(loaded.load("a", folder(tmp_path)))
+    assert await settled(lambda: bool(llm.added))
+    load.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await load
+    assert await settled(lambda: not snapshots_in(owned))
+    assert llm.removed == [llm.added[0].lora_int_id] and loaded.names() == []
+    await loaded.close()
+
+
+class VanishingSnapshots(Snapshots):
+    def take(self, source: str, key: str, roots: Sequence[str] | None) -> str:
+        raise FileNotFoundError(2, "No such file or directory", source)  # a link gone meanwhile
+
+
+async def test_an_adapter_file_failing_to_be_read_is_a_400_on_its_path(tmp_path: Path) -> None:
+    llm = FakeLoraLLM()
+    loaded = LoadedAdapters(llm, 16, BaseModel.of(set(), {}), VanishingSnapshots())
+    with pytest.raises(InvalidRequestError, match="cannot be read") as caught:
+        await loaded.load("a", folder(tmp_path))
+    assert caught.value.param == "lora_path" and llm.added == []
+    await loaded.close()
+
+
+async def test_a_temporary_folder_that_cannot_take_the_copy_is_a_503_naming_no_path(
+    tmp_path: Path,
+) -> None:
+    parent = tmp_path / "no-such-tmpdir"
+    loaded = LoadedAdapters(FakeLoraLLM(), 16, BaseModel.of(set(), {}), Snapshots(str(parent)))
+    with pytest.raises(EngineUnavailableError, match="temporary folder") as caught:
+        await loaded.load("a", folder(tmp_path))
+    assert caught.value.status_code == 503 and str(parent) not in caught.value.message
+    parent.mkdir()
+    await loaded.load("a", folder(tmp_path, "b"))
+    for made in parent.iterdir():  # its folder removed under it (a cleaner of TMPDIR)
+        shutil.rmtree(made)
+    with pytest.raises(EngineUnavailableError, match="temporary folder") as caught:
+        await loaded.load("c", folder(tmp_path, "c"))
+    assert str(parent) not in caught.value.message
     await loaded.close()

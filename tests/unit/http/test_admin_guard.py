@@ -21,8 +21,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from sluicegate.settings import Settings
+from sluicegate.wire.admin_keys import MAX_AMOUNT, MAX_COST, KeyCreate
 from tests.support.fakes import chat_body, fake_app, serve_in_thread
 
 ADMIN = "sk-admin-0123456789"
@@ -84,11 +86,22 @@ def answer_without_the_body(
 @pytest.mark.parametrize(
     ("headers", "status"), [({}, 401), (bearer("sk-wrong"), 401), (bearer(USER), 403)]
 )
-@pytest.mark.parametrize(("method", "path"), [("POST", LOAD), ("POST", "/v1/unload_lora_adapter")])
+@pytest.mark.parametrize(
+    "path",
+    [
+        LOAD,
+        "/v1/unload_lora_adapter",
+        # Routed there through a redirect, once the body is read: the same paths.
+        f"{LOAD}/",
+        f"{LOAD}%2F",
+        "/v1/unload_lora_adapter/",
+        "/v1/unload_lora_adapter%2F",
+    ],
+)
 def test_a_caller_without_an_admin_key_is_refused_before_its_body_is_read(
-    url: str, method: str, path: str, headers: dict[str, str], status: int
+    url: str, path: str, headers: dict[str, str], status: int
 ) -> None:
-    got, body = answer_without_the_body(url, method, path, headers)
+    got, body = answer_without_the_body(url, "POST", path, headers)
     assert got == status, body
     assert body["error"]["code"] == ("permission_denied" if status == 403 else "invalid_api_key")
 
@@ -119,20 +132,26 @@ def test_an_admin_body_over_the_admin_cap_is_a_413_before_it_is_read(url: str) -
 
 
 def test_the_admin_cap_takes_the_largest_key_settings_an_admin_may_send() -> None:
-    """Every field at its largest (256 model names of 256 characters, 4 KiB of metadata)
-    fits the default cap with room to spare."""
+    """Every field at its largest, its text in characters of four bytes (256 model names of
+    256 bytes, a name of 256 characters, 4 KiB of metadata), sent as raw UTF-8: taken, and
+    within the default cap with room to spare. A model name of more bytes is refused."""
+    wide = "\U0001f600"  # four bytes in UTF-8
     largest = {
-        "name": "n" * 256,
-        "models": ["m" * 256] * 256,
-        "rpm": 10**9,
-        "tpm": 10**9,
+        "name": wide * 256,
+        "models": [wide * 64] * 256,
+        "rpm": MAX_AMOUNT,
+        "tpm": MAX_AMOUNT,
         "priority": -1000,
-        "budget": {"cost": 1e9, "period": "month"},
-        "expires_at": "2030-01-01T00:00:00+00:00",
+        "budget": {"cost": float(MAX_COST), "period": "month"},
+        "expires_at": "9999-12-31T23:59:59+00:00",
         "metadata": {"k": "v" * 4080},
     }
-    size = len(json.dumps(largest, indent=2).encode())
-    assert size * 1.25 < Settings.model_fields["admin_max_request_bytes"].default, size
+    body = json.dumps(largest, indent=2, ensure_ascii=False).encode()
+    assert KeyCreate.model_validate_json(body).models == largest["models"]
+    assert len(body) * 1.25 < Settings.model_fields["admin_max_request_bytes"].default, len(body)
+    with pytest.raises(ValidationError, match="at most 256 bytes in UTF-8") as caught:
+        KeyCreate.model_validate_json(json.dumps({"models": [wide * 65]}, ensure_ascii=False))
+    assert caught.value.errors()[0]["loc"][0] == "models"
 
 
 @pytest.mark.parametrize(
@@ -141,6 +160,7 @@ def test_the_admin_cap_takes_the_largest_key_settings_an_admin_may_send() -> Non
         ("/admin/keys", "SLUICEGATE_MANAGED_KEYS"),
         ("/admin/keys/key-0123456789ab", "SLUICEGATE_MANAGED_KEYS"),
         (LOAD, "SLUICEGATE_ALLOW_RUNTIME_LORA"),
+        (f"{LOAD}/", "SLUICEGATE_ALLOW_RUNTIME_LORA"),
     ],
 )
 def test_a_route_whose_feature_is_off_is_a_404_before_the_body_is_read(
