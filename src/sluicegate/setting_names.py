@@ -9,6 +9,7 @@ closest real setting, or is only warned of under `ALLOW_UNKNOWN_SETTINGS`.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ def unknown_settings(
     environ: Mapping[str, str], dotenv: Path | None = None
 ) -> list[UnknownSetting]:
     """Each `SLUICEGATE_*` name of `environ` and of the `dotenv` file that is no setting."""
-    found = [UnknownSetting(n, "the environment", closest(n)) for n in _unknown(environ)]
+    names = [name for name, value in environ.items() if not is_service_link(name, value)]
+    found = [UnknownSetting(n, "the environment", closest(n)) for n in _unknown(names)]
     if dotenv is not None and dotenv.is_file():
         keys = [key for key in dotenv_values(dotenv) if key]
         found += [UnknownSetting(n, str(dotenv), closest(n)) for n in _unknown(keys)]
@@ -55,6 +57,25 @@ def closest(name: str) -> str | None:
     known = [field.upper() for field in Settings.model_fields]
     match = difflib.get_close_matches(wanted, known, n=1, cutoff=0.6)
     return ENV_PREFIX + match[0] if match else None
+
+
+_SERVICE_LINK = re.compile(
+    r"[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)"
+)
+_SERVICE_ADDRESS = re.compile(r"(tcp|udp|sctp)://")
+
+
+def is_service_link(name: str, value: str) -> bool:
+    """Whether the variable is one Kubernetes puts in every container for each Service of its
+    namespace (unless the pod says `enableServiceLinks: false`): a Service named `sluicegate`
+    gives `SLUICEGATE_SERVICE_HOST`, `SLUICEGATE_PORT=tcp://...`, `SLUICEGATE_PORT_8000_TCP`
+    and more, and one named `sluicegate-redis` `SLUICEGATE_REDIS_PORT=tcp://...`. They are no
+    typo of the operator's, so they never stop start-up. A real setting's name is still read
+    as that setting."""
+    upper = name.upper()
+    if _SERVICE_LINK.fullmatch(upper):
+        return True
+    return upper.endswith("_PORT") and _SERVICE_ADDRESS.match(value) is not None
 
 
 def _unknown(names: Iterable[str]) -> list[str]:
