@@ -16,8 +16,11 @@ what its requests asked of the key since the last one, but at most its part of w
 before the last tenth of the budget, split by the processes that served the key in the last
 ten seconds (a sorted set beside the counter, by the time of each one's last call while it
 did). A process whose requests for a key stop gives its headroom back within a second, and all
-of it when it closes; one that dies holds it until the period ends (at most its part of what
-was left, and twice what it admitted in a sync interval). Since all headroom is reserved in
+of it when it closes. Each call says what headroom its process holds (a hash beside the
+counter), so that of a process that dies without closing (killed) is taken back by the next
+call of another once it has been silent for those ten seconds; what it had admitted from it
+since its last sync is lost from the count (at most twice what it admitted in a sync
+interval). Since all headroom is reserved in
 Redis, what every process admits in memory never passes the budget, however many there are;
 and the last tenth (as a request that does not fit the headroom) is reserved in Redis request
 by request, atomically against every replica, in the same call that gives back the headroom
@@ -79,16 +82,42 @@ was in use there (a request within `_HOLD_SYNCS` syncs)."""
 # change sent again (its reply lost, its caller gone) counts once; then it reserves, if that
 # leaves the counter within the limit given.
 #
-# KEYS: the counter, its hash of numbers applied, its set of processes (by last call).
+# Another hash holds, per process, the headroom it holds (as it said at its last call, plus
+# what this call reserves as headroom): a process gone silent past the window (killed, it
+# never gave its headroom back) has it taken back from the counter before it leaves the set
+# of processes; what it had admitted from it since is lost from the count. Taken back, it is
+# kept under `<process>:reclaimed` and counted again if that process calls again after all
+# (cut from Redis that long, it may have admitted from it meanwhile).
+#
+# KEYS: the counter, its hash of numbers applied, its set of processes (by last call), its
+# hash of headroom held.
 # ARGV: the counter's TTL, this process's id, the limit, the amount to reserve (0: none),
 # its number, now (Unix seconds), how long a process counts after its last call, whether
-# this one counts now (1: its key is in use here, 0: only read), then number, amount, ...
-# of the changes. Returns {allowed, used after, processes}.
+# this one counts now (1: its key is in use here, 0: only read), the headroom it holds,
+# whether the amount reserved is headroom (1) or a request's, then number, amount, ... of
+# the changes. Returns {allowed, used after, processes}.
 _RESERVE = """
 local ttl, process = ARGV[1], ARGV[2]
+local now, window = tonumber(ARGV[6]), tonumber(ARGV[7])
 local last = tonumber(redis.call('HGET', KEYS[2], process) or '0')
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local i = 9
+if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], now, process) end
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - window)) do
+  local held = tonumber(redis.call('HGET', KEYS[4], gone) or '0')
+  if held > 0 then
+    used = used - held
+    redis.call('HINCRBY', KEYS[4], gone .. ':reclaimed', held)
+  end
+  redis.call('HDEL', KEYS[4], gone)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
+local reclaimed = tonumber(redis.call('HGET', KEYS[4], process .. ':reclaimed') or '0')
+if reclaimed > 0 then
+  used = used + reclaimed
+  redis.call('HDEL', KEYS[4], process .. ':reclaimed')
+end
+used = math.max(0, used)
+local i = 11
 while ARGV[i] do
   local number, amount = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   if number > last then
@@ -99,20 +128,25 @@ while ARGV[i] do
 end
 local limit, amount, number = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local allowed = 1
+local held = tonumber(ARGV[9])
 if number > last then
   if used + amount > limit or (amount == 0 and used >= limit) then
     allowed = 0
   else
     used = used + amount
     last = number
+    if ARGV[10] == '1' then held = held + amount end
   end
 end
 redis.call('SET', KEYS[1], used, 'EX', ttl)
 redis.call('HSET', KEYS[2], process, last)
 redis.call('EXPIRE', KEYS[2], ttl)
-local now = tonumber(ARGV[6])
-if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], now, process) end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[7]))
+if held > 0 then
+  redis.call('HSET', KEYS[4], process, held)
+else
+  redis.call('HDEL', KEYS[4], process)
+end
+redis.call('EXPIRE', KEYS[4], ttl)
 redis.call('EXPIRE', KEYS[3], ttl)
 return {allowed, used, redis.call('ZCARD', KEYS[3])}
 """
@@ -210,6 +244,10 @@ class _Counter:
     @property
     def processes_set(self) -> str:
         return f"{self.name}:processes"
+
+    @property
+    def held_hash(self) -> str:
+        return f"{self.name}:held"
 
 
 @dataclass(slots=True)
@@ -408,7 +446,9 @@ class BudgetKeeper:
             allowed, used, processes = await self._deadline.run(
                 self._reserve(
                     keys=self._keys(counter),
-                    args=self._args(counter, budget.limit, amount, number, changes, True),
+                    args=self._args(
+                        counter, budget.limit, amount, number, changes, True, headroom=False
+                    ),
                 )
             )
         except BaseException as exc:
@@ -511,12 +551,14 @@ class BudgetKeeper:
             # The headroom stays below the margin: the last tenth is reserved request by
             # request, so that no process holds what another's request could use.
             limit = counter.budget.limit - counter.margin
-            args = self._args(counter, limit, sync.amount, sync.number, sync.changes, sync.in_use)
+            args = self._args(
+                counter, limit, sync.amount, sync.number, sync.changes, sync.in_use, headroom=True
+            )
             await self._reserve(keys=self._keys(counter), args=args, client=pipe)
         return list(await self._sync_deadline.run(pipe.execute()))
 
     def _keys(self, counter: _Counter) -> list[str]:
-        return [counter.name, counter.hash, counter.processes_set]
+        return [counter.name, counter.hash, counter.processes_set, counter.held_hash]
 
     def _args(
         self,
@@ -526,10 +568,14 @@ class BudgetKeeper:
         number: int,
         changes: list[tuple[int, int]],
         in_use: bool,
+        headroom: bool,
     ) -> list[int | float | str]:
+        """`headroom`: the amount reserved becomes headroom held here (a sync), not a
+        request's. The headroom held here is said as it is now: it only shrinks until the
+        reply (requests take from it), so Redis never takes back less than is unused."""
         return [
             counter.ttl, self._process, limit, amount, number, time.time(), _PROCESS_SECONDS,
-            int(in_use), *_flat(changes),
+            int(in_use), counter.headroom, int(headroom), *_flat(changes),
         ]  # fmt: skip
 
     def _answered(

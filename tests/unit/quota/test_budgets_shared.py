@@ -14,6 +14,7 @@ import redis.asyncio
 
 from sluicegate.errors import BudgetExceededError
 from sluicegate.keys import KeyBudget
+from sluicegate.quota import budgets
 from sluicegate.quota.budgets import BudgetKeeper
 from tests.support.redis_server import shared_redis_url
 
@@ -127,3 +128,49 @@ async def test_a_request_larger_than_the_headroom_gives_it_back_with_its_reserva
     finally:
         await keeper.client.aclose()
         await other.client.aclose()
+
+
+@pytest.fixture
+async def killed(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[BudgetKeeper, BudgetKeeper]]:
+    """A process that took headroom (its first request in Redis, then twice that held),
+    admitted one request from it and was killed (never closed, never synced again); then,
+    once it is silent past the window, another process's request: the two keepers."""
+    monkeypatch.setattr(budgets, "_PROCESS_SECONDS", 0.2)  # instead of 10 s of silence
+    gone = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
+    other = BudgetKeeper(redis.asyncio.Redis.from_url(shared_redis_url()), prefix)
+    try:
+        gone.settle(await gone.reserve("key-a", BUDGET, REQUEST), REQUEST)
+        await gone.sync()
+        assert _counter(prefix) == 3 * REQUEST  # its request and 2 held
+        assert gone.reserve_here("key-a", BUDGET, REQUEST) is not None  # 1 left held
+        await asyncio.sleep(0.3)
+        await other.reserve("key-a", BUDGET, REQUEST)
+        yield gone, other
+    finally:
+        await gone.client.aclose()
+        await other.client.aclose()
+
+
+async def test_the_headroom_of_a_killed_process_is_taken_back_once_it_has_gone_silent(
+    killed: tuple[BudgetKeeper, BudgetKeeper], prefix: str
+) -> None:
+    """What a killed process held is not counted as used until the period ends: the next
+    call of another process once the killed one is silent past the window takes it back
+    (what it admitted from it unsynced is lost from the count, as it was in its memory)."""
+    assert _counter(prefix) == 2 * REQUEST  # the killed one's request and the other's
+
+
+async def test_a_process_silent_past_the_window_that_calls_again_has_its_headroom_counted(
+    killed: tuple[BudgetKeeper, BudgetKeeper], prefix: str
+) -> None:
+    """Cut from Redis that long rather than killed, it may have admitted from its headroom
+    meanwhile: what was taken back is counted again at its next call, and the count stays
+    what every process used."""
+    away, _ = killed
+    assert _counter(prefix) == 2 * REQUEST
+    await away.sync()  # back: its 2 held counted again, and 1 more taken (2 held)
+    assert _counter(prefix) == 5 * REQUEST
+    await away.close()  # gives back the 2 it holds: its 2 requests and the other's
+    assert _counter(prefix) == 3 * REQUEST
