@@ -9,6 +9,7 @@
     │   └── ModelNotFoundError            code=model_not_found
     ├── MethodNotAllowedError         405 invalid_request_error
     ├── RequestTimeoutError           408 invalid_request_error   code=request_timeout
+    ├── ConflictError                 409 invalid_request_error   code=conflict
     ├── PayloadTooLargeError          413 invalid_request_error   code=request_too_large
     ├── UnprocessableError            422 invalid_request_error   (an upstream's refusal)
     ├── ConcurrencyLimitError         429 rate_limit_error        code=concurrency_limit_exceeded
@@ -104,6 +105,14 @@ class RequestTimeoutError(GatewayError):
     default_message = "The request body did not arrive in time."
 
 
+class ConflictError(GatewayError):
+    """The request cannot be done in the state the resource is in now (it may be later)."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    default_code = "conflict"
+
+
 class PayloadTooLargeError(GatewayError):
     status_code = 413
     error_type = "invalid_request_error"
@@ -186,6 +195,7 @@ STATUS_ERRORS: dict[int, type[GatewayError]] = {
     404: NotFoundError,
     405: MethodNotAllowedError,
     408: RequestTimeoutError,
+    409: ConflictError,
     413: PayloadTooLargeError,
     422: UnprocessableError,
     429: RateLimitError,
@@ -214,6 +224,7 @@ ANTHROPIC_ERRORS: dict[int, tuple[int, str]] = {
     404: (404, "not_found_error"),
     405: (405, "invalid_request_error"),
     408: (408, "timeout_error"),
+    409: (400, "invalid_request_error"),
     413: (413, "request_too_large"),
     422: (400, "invalid_request_error"),
     429: (429, "rate_limit_error"),

@@ -20,8 +20,12 @@ applied (out of the API's bounds: written around it) is skipped, with an ERROR a
 reload that finds no key at all in Redis while the copy has some, and no deletion in the
 change log since the copy was read, is lost data, not a revocation of every key (a Redis
 restarted without persistence, a failover, an eviction): the copy is kept, with an ERROR and
-`sluicegate_managed_keys_store_lost_total`, until Redis holds keys again: restored from a
-backup of Redis, or written back from the copy by `restore` (`POST /admin/keys/restore`).
+`sluicegate_managed_keys_store_lost_total`, until a `restore` (`POST /admin/keys/restore`,
+through any process that kept it) writes it back and logs that it did: every process then
+ends its keeping. Keys in Redis meanwhile (a backup loaded, a key a new process wrote) do not
+end it. While the keys are kept, creating or changing one answers 409 (a key written alone
+would be all a process that reloads sees), and deleting one of the copy is logged, so every
+process drops it and no restore brings it back.
 Nothing else stops the follower: an unexpected error is logged and counted, and the keys are
 reloaded whole.
 """
@@ -41,7 +45,12 @@ from redis.exceptions import RedisError
 
 from sluicegate.background import Background
 from sluicegate.deadline import Deadline
-from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
+from sluicegate.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StoreUnavailableError,
+)
 from sluicegate.keys import KeyPolicy, digest_of, key_id
 from sluicegate.observability.metrics import (
     MANAGED_KEY_RECORDS_SKIPPED,
@@ -63,15 +72,25 @@ _BATCH = 1000
 _PARSE_CHUNK = 500
 """Records parsed between yields to the event loop, on a whole reload."""
 _FAILURES = (TimeoutError, OSError, RedisError)
+_RESTORED = b"restored"
+"""The field of the change log's entry that ends a restore (its `id` names no key)."""
+_KEYS_LOST = (
+    "The key store (Redis) lost its keys; this process keeps its copy of them until they are "
+    'restored: POST /admin/keys/restore (docs/keys.md, "When Redis loses the keys"). Until '
+    "then keys cannot be created or changed; they can be deleted."
+)
 
-# KEYS: the hash, the log. ARGV: id, mode (create, update, delete), the record, the record
-# it replaces (update: compare and set). Returns 1, or 0 (create: taken; update, delete:
-# gone), or -1 (update: changed meanwhile).
+# KEYS: the hash, the log. ARGV: id, mode (create, update, delete, revoke), the record, the
+# record it replaces (update: compare and set). Returns 1, or 0 (create: taken; update,
+# delete: gone), or -1 (update: changed meanwhile). `revoke` deletes a key Redis may not hold
+# (lost, kept in the copies): the log says so to every process whatever Redis holds.
 _WRITE = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 local mode = ARGV[2]
 if mode == 'create' then
   if current then return 0 end
+elseif mode == 'revoke' then
+  mode = 'delete'
 elseif not current then
   return 0
 elseif mode == 'update' and current ~= ARGV[4] then
@@ -118,7 +137,8 @@ class KeyStore:
         self._seen = (0, 0)
         """The newest change of the log the copy has read (kept over a failure to read)."""
         self._kept = False
-        """Whether the last reload found Redis without the copy's keys, and kept them."""
+        """Whether a reload found Redis without the copy's keys, and kept them: until a
+        restore (here, or logged by another process)."""
         self._changed_here: dict[str, KeyRecord | None] | None = None
         """During a reload: the changes made through this process meanwhile."""
         self._reloaded = 0.0
@@ -191,6 +211,12 @@ class KeyStore:
         )
 
     async def _reload(self) -> None:
+        if self._kept:
+            await self._catch_up()
+            if self._kept:
+                self._lost()
+            self._reloaded = time.monotonic()
+            return
         # What this process changes meanwhile is newer than what the reload read.
         self._changed_here = {}
         try:
@@ -205,6 +231,8 @@ class KeyStore:
                     await asyncio.sleep(0)
             newest_id = _entry_id(newest[0][0]) if newest else None
             self._kept = not raw and bool(self._by_id) and (newest_id or (0, 0)) <= self._seen
+            # Kept until a restore: a key written meanwhile (a new process, a provisioning job)
+            # does not replace the copy; the changes logged since are applied to it.
             if self._kept:
                 self._lost()
             else:
@@ -224,12 +252,20 @@ class KeyStore:
         """Redis holds no key, the copy has some, and the log says none was deleted."""
         MANAGED_KEYS_STORE_LOST.inc()
         logger.error(
-            "managed keys: redis holds none of the %d keys this process knows, and its change "
-            "log does not say they were deleted: taken as lost data (a redis restarted without "
-            "persistence, a failover, an eviction). This process keeps its copy until redis "
-            "holds keys again: restore them (POST /admin/keys/restore; docs/keys.md)",
+            "managed keys: redis lost the %d keys this process knows, and its change log "
+            "does not say they were deleted: taken as lost data (a redis restarted without "
+            "persistence, a failover, an eviction). This process keeps its copy, and refuses "
+            "to create or change keys, until they are restored (POST /admin/keys/restore; "
+            "docs/keys.md)",
             len(self._by_id),
         )
+
+    async def _catch_up(self) -> None:
+        """While the keys are kept: the changes logged since the last one the copy read
+        (revocations, keys written meanwhile, a restore), applied to the copy."""
+        self._last = "{}-{}".format(*self._seen).encode()
+        while await self._read_changes() == _BATCH:
+            pass
 
     async def _read_all(self) -> tuple[Any, dict[Any, Any]]:
         """The log's newest entry, and every record."""
@@ -246,6 +282,8 @@ class KeyStore:
         entries, ids, values = read
         for changed, value in zip(ids, values, strict=True):
             self._apply(changed, None if value is None else self._readable(changed, value))
+        if any(_RESTORED in fields for _, fields in entries):
+            self._kept = False  # the keys written back were logged before
         self._last = entries[-1][0]
         self._seen = max(self._seen, _entry_id(self._last))
         return len(entries)
@@ -293,6 +331,7 @@ class KeyStore:
 
     async def create(self, settings: KeySettings) -> tuple[KeyRecord, str]:
         """A new key with `settings`: its record and its secret, which is shown once."""
+        self._refuse_while_kept()
         for _ in range(8):
             secret = SECRET_PREFIX + secrets.token_urlsafe(32)
             digest = digest_of(secret)
@@ -307,17 +346,29 @@ class KeyStore:
     async def restore(self) -> list[KeyRecord]:
         """Write back the keys this process kept when Redis lost them (`_lost`), each as it
         was (id, digest, settings) and through the change log, so every replica learns of
-        it; one Redis has meanwhile is left. The keys written."""
+        it; one Redis has meanwhile is left. Then the log says the restore is done: every
+        process ends its keeping of the keys. The keys written."""
+        if self._kept:
+            try:
+                await self._catch_up()  # revocations logged elsewhere: not restored
+            except _FAILURES as exc:
+                raise _unavailable() from exc
         if not self._kept:
             raise InvalidRequestError(
-                "Nothing to restore: this process's last reload found its keys in the key "
-                "store (Redis). Only a process that kept its keys when Redis lost them "
-                "restores them (docs/keys.md)."
+                "Nothing to restore: this process's keys are in the key store (Redis), or "
+                "another process restored them. Only a process that kept its keys when Redis "
+                "lost them restores them (docs/keys.md)."
             )
         restored = []
         for record in list(self._by_id.values()):
             if await self._run("create", record.id, record.dumps()) == 1:
                 restored.append(record)
+        await self._call(
+            self._client.xadd(
+                self._log, {"id": "", _RESTORED: "1"}, maxlen=LOG_LENGTH, approximate=True
+            )
+        )
+        self._kept = False
         return sorted(restored, key=lambda r: (r.created_at, r.id))
 
     async def get(self, key: str) -> KeyRecord:
@@ -337,6 +388,7 @@ class KeyStore:
         return sorted(records, key=lambda r: (r.created_at, r.id))
 
     async def update(self, key: str, changes: KeySettings) -> KeyRecord:
+        self._refuse_while_kept()
         for _ in range(8):
             # Compared with the bytes read, not the record dumped again: one written otherwise
             # (by hand, to be fixed by this update) would never match.
@@ -351,9 +403,18 @@ class KeyStore:
         raise StoreUnavailableError(f"The key `{key}` kept changing meanwhile; retry.")
 
     async def delete(self, key: str) -> None:
-        if await self._run("delete", key) != 1:
+        """While the keys are kept, one of the copy is revoked whether Redis holds it or not
+        (logged: every process drops it, and a restore does not bring it back)."""
+        mode = "revoke" if self._kept and key in self._by_id else "delete"
+        if await self._run(mode, key) != 1:
             raise NotFoundError(f"No managed key has the id `{key}`.", param="id")
         self._changed(key, None)
+
+    def _refuse_while_kept(self) -> None:
+        """A key written while the keys are kept would be in Redis beside none of the others:
+        a process that reloads meanwhile would take it for all there is."""
+        if self._kept:
+            raise ConflictError(_KEYS_LOST, code="managed_keys_lost")
 
     def _changed(self, changed: str, record: KeyRecord | None) -> None:
         """A change made through this process: known here at once (and kept over a reload
@@ -374,18 +435,22 @@ class KeyStore:
         if not reply:
             return None
         entries = reply[0][1]
-        ids = list(dict.fromkeys(_text(fields[b"id"]) for _, fields in entries))
-        values: Sequence[Any] = await self._client.hmget(self._hash, ids)
+        ids = list(dict.fromkeys(_text(f[b"id"]) for _, f in entries if _RESTORED not in f))
+        values: Sequence[Any] = await self._client.hmget(self._hash, ids) if ids else []
         return entries, ids, values
 
     async def _call(self, op: Any) -> Any:
         try:
             return await self._deadline.run(op)
         except _FAILURES as exc:
-            raise StoreUnavailableError(
-                "The key store (Redis) does not answer: keys cannot be read, created or changed "
-                "now. Keys already known keep working. Retry later."
-            ) from exc
+            raise _unavailable() from exc
+
+
+def _unavailable() -> StoreUnavailableError:
+    return StoreUnavailableError(
+        "The key store (Redis) does not answer: keys cannot be read, created or changed now. "
+        "Keys already known keep working. Retry later."
+    )
 
 
 def _parsed(raw: bytes | str) -> KeyRecord | None:

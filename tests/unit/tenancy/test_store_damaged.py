@@ -150,3 +150,45 @@ def test_keys_outlive_a_redis_restarted_empty_and_are_restored_from_a_copy(
         with serve_in_thread(replica(prefix, server.url)) as other:
             for key in made:
                 assert chat(other, key["key"]).status_code == 200
+
+
+def test_while_the_keys_are_kept_none_is_written_and_a_kept_one_can_be_revoked(
+    prefix: str, tmp_path: Path
+) -> None:
+    """A key created after Redis lost its keys once ended their keeping everywhere (the next
+    reload found one key and took it for all), and a leaked kept key could not be revoked
+    (404, while it kept working): creating and changing keys are refused (409) until a
+    restore, and deleting a kept key revokes it for good."""
+    with (
+        running_redis(tmp_path) as server,
+        serve_in_thread(replica(prefix, server.url)) as url,
+    ):
+        leaked, *made = [create_key(url, name=f"kept-{i}") for i in range(3)]
+        lost = local_value(LOST)
+        server.kill()
+        until(503, lambda: httpx.post(f"{url}/admin/keys", json={}, headers=auth(ADMIN)))
+        server.start()  # the same port, nothing in it
+        while local_value(LOST) == lost:
+            time.sleep(0.05)  # the whole reload (pytest's timeout bounds one that never comes)
+        refused = httpx.post(f"{url}/admin/keys", json={"name": "new"}, headers=auth(ADMIN))
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "managed_keys_lost"
+        assert "/admin/keys/restore" in error["message"]
+        changed = httpx.patch(
+            f"{url}/admin/keys/{made[0]['id']}", json={"rpm": 5}, headers=auth(ADMIN)
+        )
+        assert changed.status_code == 409, changed.text
+        for key in (leaked, *made):
+            assert chat(url, key["key"]).status_code == 200
+        revoked = httpx.delete(f"{url}/admin/keys/{leaked['id']}", headers=auth(ADMIN))
+        assert revoked.status_code == 200, revoked.text
+        assert chat(url, leaked["key"]).status_code == 401
+        restored = httpx.post(f"{url}/admin/keys/restore", headers=auth(ADMIN))
+        assert restored.status_code == 200, restored.text
+        assert sorted(k["id"] for k in restored.json()["data"]) == sorted(k["id"] for k in made)
+        create_key(url, name="after the restore")
+        with serve_in_thread(replica(prefix, server.url)) as other:
+            assert chat(other, leaked["key"]).status_code == 401
+            for key in made:
+                assert chat(other, key["key"]).status_code == 200
