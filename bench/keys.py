@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cache_hits import wrk  # noqa: E402
 from tests.support.fault_upstream import start as start_upstream  # noqa: E402
-from tests.support.gateway import GatewayProcess, free_port, start_gateway  # noqa: E402
+from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 from tests.support.metrics import scrape, total  # noqa: E402
 
 ADMIN = "sk-bench-admin"
@@ -146,7 +146,7 @@ def main() -> None:
     logs = ROOT / "bench" / "results" / "keys"
     logs.mkdir(parents=True, exist_ok=True)
     run = uuid.uuid4().hex[:8]
-    upstream = start_upstream(free_port(), "--chunks", "16", "--tokenize", log=logs / "up.log")
+    upstream = start_upstream(0, "--chunks", "16", "--tokenize", log=logs / "up.log")
     gateways: dict[str, GatewayProcess] = {}
     try:
         ledgers = {"plain": "false", "control": "false", "ledger": "true", "budgeted": "true"}

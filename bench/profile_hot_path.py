@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.fault_upstream import start as start_upstream  # noqa: E402
-from tests.support.gateway import MODEL_NAME, free_port, start_gateway  # noqa: E402
+from tests.support.gateway import MODEL_NAME, start_gateway  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PATHS = ("upstream", "cache", "engine")
@@ -145,9 +145,7 @@ def main() -> None:
     reports = []
     with tempfile.TemporaryDirectory() as folder:
         logs = Path(folder)
-        upstream = start_upstream(
-            free_port(), "--chunks", "32", "--delay", "0", log=logs / "up.log"
-        )
+        upstream = start_upstream(0, "--chunks", "32", "--delay", "0", log=logs / "up.log")
         try:
             for name in args.paths:
                 env = {"SLUICEGATE_CACHE_POLICY": "off"}

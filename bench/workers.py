@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     logs = ROOT / "bench" / "results" / "workers"
     logs.mkdir(parents=True, exist_ok=True)
-    upstream = start_upstream(free_port(), "--chunks", "32", log=logs / "upstream.log")
+    upstream = start_upstream(0, "--chunks", "32", log=logs / "upstream.log")
     gateways: dict[int, GatewayProcess] = {}
     bare: dict[int, subprocess.Popen[bytes]] = {}
     bare_urls: dict[int, str] = {}

@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The tests on the shared gateway last: it starts when the first of them runs and lives
     # to the end of the session, so the gateways of the other modules never run beside it.
     items.sort(key=uses_shared_gateway)
+
+
+MODULES_SHOWN = 12
+_module_seconds: Counter[str] = Counter()
+"""Each module's time in this run: its tests' setup, call and teardown, with the module's and
+session's fixtures counted where they start and stop."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _module_seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The most expensive modules of the run, so that a growing suite shows where it grows
+    (docs/testing.md#tiers)."""
+    if not _module_seconds:
+        return
+    terminalreporter.section("the most expensive modules")
+    for module, seconds in _module_seconds.most_common(MODULES_SHOWN):
+        terminalreporter.write_line(f"{seconds / 60:5.1f} min  {module}")
+
+
+@pytest.fixture(autouse=True)
+def _environment_left_as_found() -> Iterator[None]:
+    """No test leaves the process environment changed for the tests after it: a change is put
+    back and the test fails, naming the variables (not their values). Set variables with
+    `monkeypatch.setenv`, which undoes them before this looks (this fixture is set up first,
+    so torn down last)."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) == before:
+        return
+    names = before.keys() | os.environ.keys()
+    changed = sorted(name for name in names if before.get(name) != os.environ.get(name))
+    os.environ.clear()
+    os.environ.update(before)
+    pytest.fail(f"the test left the environment changed: {', '.join(changed)}", pytrace=False)

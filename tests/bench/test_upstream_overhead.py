@@ -13,13 +13,12 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from tests.support.fault_upstream import FaultUpstreamProcess, start
-from tests.support.gateway import free_port
 from upstream_overhead import TARGETS, litellm_config, load, report, schedule
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[FaultUpstreamProcess]:
-    process = start(free_port(), "--chunks", "8")
+    process = start(0, "--chunks", "8")
     yield process
     process.stop()
 

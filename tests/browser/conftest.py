@@ -19,7 +19,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from tests.support.gateway import GatewayProcess, free_port, running_gateway
+from tests.support.gateway import GatewayProcess, running_gateway
 
 KEY = "sk-browser-5e1d"
 PAGES = Path(__file__).parent / "pages"
@@ -34,13 +34,14 @@ class Origins:
 
 
 @contextlib.contextmanager
-def page_server(port: int) -> Iterator[str]:
+def page_server() -> Iterator[str]:
+    """The test pages, served from this process on a loopback port it binds itself."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(PAGES))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -48,7 +49,7 @@ def page_server(port: int) -> Iterator[str]:
 
 @pytest.fixture(scope="package")
 def origins() -> Iterator[Origins]:
-    with page_server(free_port()) as allowed, page_server(free_port()) as blocked:
+    with page_server() as allowed, page_server() as blocked:
         yield Origins(allowed, blocked)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import start as start_upstream
-from tests.support.gateway import GatewayProcess, GatewaySpec, free_port, running_gateways
+from tests.support.gateway import GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import scrape, total
 from tests.support.redis_server import RedisProcess, running_redis
 
@@ -37,9 +37,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     log = tmp_path_factory.mktemp("keys-upstream") / "upstream.log"
-    started = start_upstream(
-        free_port(), "--delay", "0.02", "--chunks", "64", "--tokenize", log=log
-    )
+    started = start_upstream(0, "--delay", "0.02", "--chunks", "64", "--tokenize", log=log)
     try:
         yield started
     finally:

@@ -14,6 +14,7 @@ share of the load, so that the dashboard's upstream row has data too; Prometheus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import math
 import shutil
@@ -36,7 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.gateway import MODEL_NAME, GatewayProcess, free_port, start_gateway
+from tests.support.gateway import MODEL_NAME, GatewayProcess, free_port, running_gateway
 from tests.support.monitoring import (
     ALERTS,
     Query,
@@ -113,6 +114,16 @@ class PrometheusServer:
         body: dict[str, Any] = response.json()
         return body
 
+    def wait_scraped_after(self, moment: float, within: float = 60.0) -> None:
+        """Until every target's last scrape began after `moment` (wall-clock seconds)."""
+        deadline = time.monotonic() + within
+        while True:
+            result = self.query("min(timestamp(up))")["data"]["result"]
+            if result and float(result[0]["value"][1]) > moment:
+                return
+            assert time.monotonic() < deadline, f"no scrape after the load in {within:g} s"
+            time.sleep(0.2)
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -140,8 +151,18 @@ def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
     }
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log_path = workdir / "prometheus.log"
+    for _ in range(3):
+        server = _launch_prometheus(binary, config_path, workdir, free_port())
+        if server is not None:
+            return server
+    raise AssertionError("prometheus did not start: three ports taken in turn")
+
+
+def _launch_prometheus(
+    binary: str, config_path: Path, workdir: Path, port: int
+) -> PrometheusServer | None:
+    """Prometheus on `port`, ready; None if it stopped because the port was taken meanwhile."""
+    log_path = workdir / f"prometheus-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
@@ -156,7 +177,11 @@ def start_prometheus(workdir: Path, targets: list[str]) -> PrometheusServer:
     server = PrometheusServer(process, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + 60
     while True:
-        assert process.poll() is None, log_path.read_text()[-3000:]
+        if process.poll() is not None:
+            log_text = log_path.read_text()
+            if "address already in use" in log_text:
+                return None
+            raise AssertionError(log_text[-3000:])
         try:
             if httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200:
                 return server
@@ -352,44 +377,42 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     workdir = tmp_path_factory.mktemp("monitoring")
     sink = OtlpSink()
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    gateway = start_gateway(
-        workdir,
-        env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-            "NO_PROXY": "127.0.0.1,localhost",
-        },
-    )
-    prometheus = upstream_mode = None
-    try:
-        upstream_mode = start_gateway(
-            workdir,
-            env={
-                "SLUICEGATE_UPSTREAM_URLS": f"{gateway.url}/v1",
-                "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "1",
-                "SLUICEGATE_CACHE_POLICY": "off",
-                # Managed keys, one with a budget (`drive_upstream_load`).
-                "SLUICEGATE_REDIS_URL": shared_redis_url(),
-                "SLUICEGATE_REDIS_KEY_PREFIX": f"monitoring-{uuid.uuid4().hex[:8]}",
-                "SLUICEGATE_MANAGED_KEYS": "true",
-                "SLUICEGATE_ADMIN_API_KEYS": ADMIN,
-                "SLUICEGATE_METRICS_API_KEYS": SCRAPER,
-            },
+    with contextlib.ExitStack() as stack:
+        stack.callback(sink.server_close)
+        stack.callback(sink.shutdown)  # after the gateways stop: they export as they do
+        gateway = stack.enter_context(
+            running_gateway(
+                workdir,
+                env={
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+                    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                    "OTEL_BSP_SCHEDULE_DELAY": "200",
+                    "NO_PROXY": "127.0.0.1,localhost",
+                },
+            )
+        )
+        upstream_mode = stack.enter_context(
+            running_gateway(
+                workdir,
+                env={
+                    "SLUICEGATE_UPSTREAM_URLS": f"{gateway.url}/v1",
+                    "SLUICEGATE_UPSTREAM_HEALTH_INTERVAL": "1",
+                    "SLUICEGATE_CACHE_POLICY": "off",
+                    # Managed keys, one with a budget (`drive_upstream_load`).
+                    "SLUICEGATE_REDIS_URL": shared_redis_url(),
+                    "SLUICEGATE_REDIS_KEY_PREFIX": f"monitoring-{uuid.uuid4().hex[:8]}",
+                    "SLUICEGATE_MANAGED_KEYS": "true",
+                    "SLUICEGATE_ADMIN_API_KEYS": ADMIN,
+                    "SLUICEGATE_METRICS_API_KEYS": SCRAPER,
+                },
+            )
         )
         targets = [f"127.0.0.1:{g.port}" for g in (gateway, upstream_mode)]
         prometheus = start_prometheus(workdir, targets)
+        stack.callback(prometheus.stop)
         load = asyncio.run(drive_both(gateway.url, upstream_mode.url, LOAD_SECONDS))
-        time.sleep(3)  # a few more scrapes after the last request
+        prometheus.wait_scraped_after(time.time() + 1)  # two more scrapes (1 s apart) at least
         yield Monitored(gateway, upstream_mode, prometheus, sink, load)
-    finally:
-        if prometheus is not None:
-            prometheus.stop()
-        if upstream_mode is not None:
-            upstream_mode.stop()
-        gateway.stop()
-        sink.shutdown()
-        sink.server_close()
 
 
 # ---- tests ---------------------------------------------------------------------------------

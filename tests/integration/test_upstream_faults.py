@@ -25,7 +25,7 @@ from tests.support.fault_upstream import start as start_upstream
 from tests.support.gateway import (
     GatewayProcess,
     free_port,
-    start_gateway,
+    running_gateway,
 )
 from tests.support.metrics import metric_value
 from tests.support.redis_server import shared_redis_url
@@ -44,7 +44,7 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[FaultUp
     try:
         for i in range(2):
             log = folder / f"upstream-{i}.log"
-            started.append(start_upstream(free_port(), "--delay", "0.001", log=log))
+            started.append(start_upstream(0, "--delay", "0.001", log=log))
         yield started
     finally:
         for upstream in started:
@@ -67,7 +67,7 @@ class Where(NamedTuple):
     workers: int = 1
 
 
-def _gateway(where: Where, urls: list[str], **settings: str) -> GatewayProcess:
+def _env(where: Where, urls: list[str], **settings: str) -> dict[str, str]:
     # Several workers need Redis (the Responses store); each keeps its own pools and breakers.
     shared = {"SLUICEGATE_REDIS_URL": shared_redis_url()} if where.workers > 1 else {}
     env = {
@@ -84,7 +84,7 @@ def _gateway(where: Where, urls: list[str], **settings: str) -> GatewayProcess:
         "SLUICEGATE_UPSTREAM_HEALTH_FAILURES": "6",
         **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
     }
-    return start_gateway(where.log_dir, env=env)
+    return env
 
 
 _clients: dict[int, httpx.Client] = {}
@@ -128,8 +128,7 @@ def test_retries_honour_retry_after_and_then_succeed(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url])
-    try:
+    with _serving(gateway_dir, [upstream.url]) as gateway:
         upstream.control(status=503, retry_after=1, times=2)
         started = time.monotonic()
         reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
@@ -149,16 +148,13 @@ def test_retries_honour_retry_after_and_then_succeed(
             )
             == 1
         )
-    finally:
-        gateway.stop()
 
 
 def test_retries_give_up_with_the_upstreams_error(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url], upstream_max_retries="2")
-    try:
+    with _serving(gateway_dir, [upstream.url], upstream_max_retries="2") as gateway:
         upstream.control(status=502)
         reply = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
         assert reply.status_code == 502
@@ -171,29 +167,26 @@ def test_retries_give_up_with_the_upstreams_error(
         assert refused.status_code == 400
         assert refused.json()["error"]["type"] == "invalid_request_error"
         assert len(upstream.arrivals()) == 4
-    finally:
-        gateway.stop()
 
 
-def _tripped(where: Where, upstream: FaultUpstreamProcess, open_seconds: float) -> GatewayProcess:
-    """A gateway whose breaker for `upstream` has just opened: three failures in a row,
-    nothing retried."""
-    gateway = _gateway(
+@contextlib.contextmanager
+def _tripped(
+    where: Where, upstream: FaultUpstreamProcess, open_seconds: float
+) -> Iterator[GatewayProcess]:
+    """A gateway whose breaker for `upstream` has just opened (three failures in a row,
+    nothing retried), stopped when the block ends."""
+    with _serving(
         where,
         [upstream.url],
         upstream_max_retries="0",
         upstream_breaker_failures="3",
         upstream_breaker_open_seconds=str(open_seconds),
-    )
-    try:
+    ) as gateway:
         upstream.control(status=500)
         for _ in range(3):
             reply = _client(gateway).post("/v1/chat/completions", json=CHAT, timeout=30)
             assert reply.status_code == 502
-    except BaseException:
-        gateway.stop()
-        raise
-    return gateway
+        yield gateway
 
 
 def test_an_open_breaker_refuses_without_reaching_the_upstream(
@@ -203,8 +196,7 @@ def test_an_open_breaker_refuses_without_reaching_the_upstream(
     # Open for longer than any test runs: on a loaded machine, even 5 s once passed between
     # the third failure and the next request (the breaker was half-open by then, and let it
     # through). The half-open state has its own test below.
-    gateway = _tripped(gateway_dir, upstream, open_seconds=3600)
-    try:
+    with _tripped(gateway_dir, upstream, open_seconds=3600) as gateway:
         label = upstream.url
         assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 1
         reached = len(upstream.arrivals())
@@ -214,8 +206,6 @@ def test_an_open_breaker_refuses_without_reaching_the_upstream(
         assert reply.json()["error"]["message"] == "No upstream is available."
         assert len(upstream.arrivals()) == reached
         assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 1
-    finally:
-        gateway.stop()
 
 
 _OPEN_SECONDS = 1.0
@@ -225,8 +215,7 @@ def test_a_half_open_breaker_lets_a_trial_through_and_its_success_closes_it(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _tripped(gateway_dir, upstream, open_seconds=_OPEN_SECONDS)
-    try:
+    with _tripped(gateway_dir, upstream, open_seconds=_OPEN_SECONDS) as gateway:
         upstream.control(reset_all=True)
         label = upstream.url
         # Half-open once its seconds are over (polled from then: a fixed wait is no deadline
@@ -245,16 +234,13 @@ def test_a_half_open_breaker_lets_a_trial_through_and_its_success_closes_it(
         assert reply.status_code == 200
         assert len(upstream.arrivals()) == reached + 1
         assert metric_value(gateway.url, "sluicegate_upstream_breaker_state", upstream=label) == 0
-    finally:
-        gateway.stop()
 
 
 def test_nothing_is_retried_after_the_first_byte(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url])
-    try:
+    with _serving(gateway_dir, [upstream.url]) as gateway:
         upstream.control(reset="during", after_chunks=3)
         body = {**CHAT, "stream": True, "max_tokens": 16}
         with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as reply:
@@ -268,8 +254,6 @@ def test_nothing_is_retried_after_the_first_byte(
         )
         assert text  # what came before the reset reached the client
         assert len(upstream.arrivals()) == 1  # and the request was not sent again
-    finally:
-        gateway.stop()
 
 
 def test_a_client_disconnect_closes_the_upstream_request(
@@ -277,8 +261,7 @@ def test_a_client_disconnect_closes_the_upstream_request(
 ) -> None:
     upstream = upstreams[0]
     # With HTTP/2 on: offered over TLS only, so plain http here stays HTTP/1.1.
-    gateway = _gateway(gateway_dir, [upstream.url], upstream_http2="true")
-    try:
+    with _serving(gateway_dir, [upstream.url], upstream_http2="true") as gateway:
         upstream.control(slow=0.2)
         body = {**CHAT, "stream": True, "max_tokens": 32}
         with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as reply:
@@ -300,8 +283,6 @@ def test_a_client_disconnect_closes_the_upstream_request(
             f"gateway's upstream requests: {requests:g}"
         )
         assert upstream.stats()["in_flight"] == 0
-    finally:
-        gateway.stop()
 
 
 def test_two_upstreams_one_down_every_request_succeeds(
@@ -312,13 +293,12 @@ def test_two_upstreams_one_down_every_request_succeeds(
     flaky.control(reset="before")
     # Two failing upstreams fail up to 2 x 5 tries (the breaker's failures) before both
     # breakers open, each retried: a reserve of 10 retries, not the default 5 (one upstream).
-    gateway = _gateway(
+    with _serving(
         gateway_dir,
         [dead, flaky.url, up.url],
         upstream_health_interval="5",
         upstream_retry_burst="10",
-    )
-    try:
+    ) as gateway:
         for stream in (False, True) * 10:
             body = {**CHAT, "stream": stream}
             reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
@@ -331,16 +311,13 @@ def test_two_upstreams_one_down_every_request_succeeds(
         assert retries >= 1
         ready = httpx.get(gateway.url + "/ready")
         assert ready.status_code == 200
-    finally:
-        gateway.stop()
 
 
 def test_ready_is_503_while_no_upstream_is_healthy(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url])
-    try:
+    with _serving(gateway_dir, [upstream.url]) as gateway:
         assert _client(gateway).get("/ready").status_code == 200
         upstream.control(down=True)
         # Probes run every 0.5 s: 20 s bounds a hang, with room for a loaded machine.
@@ -354,8 +331,6 @@ def test_ready_is_503_while_no_upstream_is_healthy(
         while time.monotonic() < deadline and _client(gateway).get("/ready").status_code != 200:
             time.sleep(0.1)
         assert _client(gateway).get("/ready").status_code == 200
-    finally:
-        gateway.stop()
 
 
 def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream(
@@ -363,8 +338,7 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
 ) -> None:
     upstream = upstreams[0]
     # Two tokens a minute refill each second.
-    gateway = _gateway(gateway_dir, [upstream.url], rate_limit_tokens_per_minute="120")
-    try:
+    with _serving(gateway_dir, [upstream.url], rate_limit_tokens_per_minute="120") as gateway:
         long = {**CHAT, "messages": [{"role": "user", "content": "word " * 60}]}
         direct = httpx.post(upstream.url + "/chat/completions", json=long).json()["usage"]
         assert direct["prompt_tokens"] >= 50
@@ -389,8 +363,6 @@ def test_without_a_tokenizer_the_budget_is_off_and_usage_comes_from_the_upstream
         echo = {"model": "fault-model", "prompt": "hi", "echo": True, "max_tokens": 2}
         refused = httpx.post(gateway.url + "/v1/completions", json=echo)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
-    finally:
-        gateway.stop()
 
 
 def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
@@ -398,13 +370,12 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
 ) -> None:
     stalled, up = upstreams
     # Weighted 1000:1, the stalled upstream is nearly always the first pick.
-    gateway = _gateway(
+    with _serving(
         gateway_dir,
         [stalled.url, up.url],
         upstream_weights="1000,1",
         upstream_read_timeout="0.5",
-    )
-    try:
+    ) as gateway:
         sent = 0
         # Before the headers, then after them (the answer's first chunk never comes).
         for stall in ({"stall": 10}, {"stall": 10, "after_chunks": 0}):
@@ -431,15 +402,13 @@ def test_a_stall_before_the_first_byte_is_a_timeout_retried_on_another_upstream(
         assert reply.status_code == 504
         assert reply.json()["error"]["type"] == "timeout_error"
         assert (len(stalled.arrivals()), len(up.arrivals())) == (stalls + 1, sent + 1)
-    finally:
-        gateway.stop()
 
 
 def test_retries_stop_when_the_retry_budget_is_spent(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(
+    with _serving(
         gateway_dir,
         [upstream.url],
         upstream_max_retries="2",
@@ -448,8 +417,7 @@ def test_retries_stop_when_the_retry_budget_is_spent(
         upstream_retry_burst="2",
         upstream_breaker_failures="1000",
         upstream_breaker_window="1000",
-    )
-    try:
+    ) as gateway:
         upstream.control(status=502)
         requests = 10
         for _ in range(requests):
@@ -462,16 +430,13 @@ def test_retries_stop_when_the_retry_budget_is_spent(
         assert metric_value(gateway.url, "sluicegate_upstream_retries_total") == hits - requests
         denied = metric_value(gateway.url, "sluicegate_upstream_retries_denied_total")
         assert denied >= requests - 2 - 2
-    finally:
-        gateway.stop()
 
 
 def test_the_served_model_name_aliases_the_upstreams_model(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url], served_model_name="house-model")
-    try:
+    with _serving(gateway_dir, [upstream.url], served_model_name="house-model") as gateway:
         cards = httpx.get(gateway.url + "/v1/models").json()["data"]
         assert [(c["id"], c["root"]) for c in cards] == [("house-model", "fault-model")]
         for stream in (False, True):
@@ -484,16 +449,13 @@ def test_the_served_model_name_aliases_the_upstreams_model(
         unknown = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "model_not_found"
-    finally:
-        gateway.stop()
 
 
 def test_sequential_requests_reuse_the_upstream_connections(
     upstreams: list[FaultUpstreamProcess], gateway_dir: Where
 ) -> None:
     upstream = upstreams[0]
-    gateway = _gateway(gateway_dir, [upstream.url], upstream_health_interval="60")
-    try:
+    with _serving(gateway_dir, [upstream.url], upstream_health_interval="60") as gateway:
         # Every worker answers once first: a worker's start-up health probe may still hold its
         # pool's connection when its first request comes, which then opens a second one. The
         # connections of start-up are left out.
@@ -508,8 +470,6 @@ def test_sequential_requests_reuse_the_upstream_connections(
         assert len(upstream.arrivals()) == requests
         # A response closed before its end closes its connection: one per request.
         assert stats["connections_accepted"] <= 2, stats["connections_accepted"]
-    finally:
-        gateway.stop()
 
 
 def _answered_by_every_worker(gateway: GatewayProcess, workers: int) -> None:
@@ -527,12 +487,10 @@ def _answered_by_every_worker(gateway: GatewayProcess, workers: int) -> None:
 
 @contextlib.contextmanager
 def _serving(where: Where, urls: list[str], **settings: str) -> Iterator[GatewayProcess]:
-    """`_gateway`, stopped when the block ends."""
-    gateway = _gateway(where, urls, **settings)
-    try:
+    """A gateway in upstream mode over `urls`, started by the shared helper (which stops it
+    however the block ends), with the settings these tests share and `settings` on top."""
+    with running_gateway(where.log_dir, env=_env(where, urls, **settings)) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 def _content(events: list[str]) -> str:

@@ -8,6 +8,7 @@ template and vocabulary are the GGUF's), so the budget, the usage and the cache 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 
@@ -18,7 +19,9 @@ from sluicegate.engine.model import GGUF_FILE, bundled_model_dir, gguf_folder
 from sluicegate.settings import Settings
 from tests.integration.conftest import chat_prompt_tokens
 from tests.support.gateway import (
+    PORT_TRIES,
     GatewayProcess,
+    PortTaken,
     free_port,
     peer_process,
     running_gateway,
@@ -30,17 +33,26 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def llamacpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_folder() / GGUF_FILE),
-        "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--n_ctx", "2048", "--interrupt_requests", "False",
-        "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
-    ]  # fmt: skip
-    log = tmp_path_factory.mktemp("llamacpp") / "server.log"
-    # No /health: its model list answers once the model is loaded.
-    with peer_process(command, f"http://127.0.0.1:{port}/v1/models", log, timeout=120):
-        yield f"http://127.0.0.1:{port}/v1"
+    folder = tmp_path_factory.mktemp("llamacpp")
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        command = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_folder() / GGUF_FILE),
+            "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "2048", "--interrupt_requests", "False",
+            "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
+        ]  # fmt: skip
+        # No /health: its model list answers once the model is loaded.
+        ready = f"http://127.0.0.1:{port}/v1/models"
+        with contextlib.ExitStack() as stack:
+            try:
+                log = folder / f"server-{port}.log"
+                stack.enter_context(peer_process(command, ready, log, timeout=120))
+            except PortTaken:
+                continue  # taken after free_port chose it: another
+            yield f"http://127.0.0.1:{port}/v1"
+            return
+    raise RuntimeError(f"llama.cpp's server did not start: {PORT_TRIES} ports taken in turn")
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ CHAT = {
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     log = tmp_path_factory.mktemp("fault") / "upstream.log"
-    process = fault_upstream.start(free_port(), log=log)
+    process = fault_upstream.start(0, log=log)
     try:
         yield process
     finally:

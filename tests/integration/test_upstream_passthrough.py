@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import start as start_upstream
-from tests.support.gateway import GatewayProcess, free_port, running_gateway
+from tests.support.gateway import GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
 MODEL = "house-model"
@@ -34,7 +34,7 @@ _CREATED = re.compile(r'"created":\d+')
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     log = tmp_path_factory.mktemp("fault") / "upstream.log"
-    process = start_upstream(free_port(), "--chunks", "6", log=log)
+    process = start_upstream(0, "--chunks", "6", log=log)
     try:
         # 20 ms between chunks: each comes in a read of its own, so neither path joins any.
         process.control(slow=0.02)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import start as start_upstream
-from tests.support.gateway import GatewayProcess, free_port, running_gateway
+from tests.support.gateway import GatewayProcess, running_gateway
 
 MAX_TOKENIZE_CALLS = 8
 SENTENCE = "The gate held back the water while the fields below stayed green. "
@@ -39,7 +39,7 @@ def upstream(
 ) -> Iterator[tuple[FaultUpstreamProcess, int]]:
     window = int(request.param)
     log = tmp_path_factory.mktemp("fault") / "upstream.log"
-    upstream = start_upstream(free_port(), "--tokenize", "--max-model-len", str(window), log=log)
+    upstream = start_upstream(0, "--tokenize", "--max-model-len", str(window), log=log)
     try:
         yield upstream, window
     finally:

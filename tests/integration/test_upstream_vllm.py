@@ -18,7 +18,7 @@ from openai import OpenAI
 import sluicegate.engine
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import start as start_fault_upstream
-from tests.support.gateway import GatewayProcess, free_port, running_gateway, started_together
+from tests.support.gateway import GatewayProcess, running_gateway, started_together
 from tests.support.gateway import vllm_server as vllm_server_of
 from tests.support.metrics import scrape, total
 
@@ -191,7 +191,7 @@ def second_vllm(vllm_servers: list[str]) -> str:
 @pytest.fixture(scope="module")
 def flaky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     log = tmp_path_factory.mktemp("flaky") / "flaky.log"
-    upstream = start_fault_upstream(free_port(), "--model", "flaky-model", log=log)
+    upstream = start_fault_upstream(0, "--model", "flaky-model", log=log)
     try:
         yield upstream
     finally:

@@ -56,7 +56,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     """A second upstream of the pool, serving the base model's name and no adapter."""
     log = tmp_path_factory.mktemp("plain") / "plain.log"
-    upstream = start_fault_upstream(free_port(), "--model", MODEL_NAME, log=log)
+    upstream = start_fault_upstream(0, "--model", MODEL_NAME, log=log)
     try:
         yield upstream
     finally:

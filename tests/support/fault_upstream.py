@@ -6,7 +6,7 @@ connections reset before the headers or mid-stream, stalls, slow streams, or bei
 A real HTTP server process (uvicorn, uvloop, raw ASGI; chunk bytes precomputed), so it also
 serves as the fast streaming upstream of `bench/upstream_overhead.py`.
 
-    python -m tests.support.fault_upstream --port 8101 [--chunks 32] [--delay 0]
+    python -m tests.support.fault_upstream --port 8101 [--fd N] [--chunks 32] [--delay 0]
         [--model fault-model] [--api-key KEY] [--tokenize] [--max-model-len 2048]
 
 Routes: `GET /health` (200, empty), `GET /v1/models`, `POST /v1/chat/completions` and
@@ -876,22 +876,35 @@ class FaultUpstreamProcess:
 def start(
     port: int, *flags: str, log: Path | None = None, timeout_s: float = 20.0
 ) -> FaultUpstreamProcess:
-    """Start the double on `port` and wait until it answers (itself: another server already
-    on the port would answer too, so the pid in /_stats must be the new process's)."""
+    """Start the double and wait until it answers (itself: another server already on the port
+    would answer too, so the pid in /_stats must be the new process's). On `port` 0 this
+    process binds a loopback port the kernel picks and hands the listening socket over to the
+    double, so no one can take the port in between."""
     root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
     }
+    held: socket.socket | None = None
+    where = ["--port", str(port)]
+    if port == 0:
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen(4096)
+        port = int(held.getsockname()[1])
+        where = ["--port", str(port), "--fd", str(held.fileno())]
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.fault_upstream", "--port", str(port), *flags],
+            [sys.executable, "-m", "tests.support.fault_upstream", *where, *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
+            pass_fds=(held.fileno(),) if held else (),
         )  # fmt: skip
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
+        if held:
+            held.close()  # the double holds it now
     upstream = FaultUpstreamProcess(process, port)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -914,6 +927,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--fd", type=int, help="listen on this inherited socket (on --port)")
     parser.add_argument("--chunks", type=int, default=32, help="words in an answer")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each chunk")
     parser.add_argument("--model", default="fault-model", help="the id /v1/models lists")
@@ -929,7 +943,8 @@ def main() -> None:
         log_level="warning", http=app.connections.protocol(HttpToolsProtocol), backlog=4096,
         timeout_keep_alive=30,
     )  # fmt: skip
-    uvicorn.Server(config).run()
+    sockets = [socket.socket(fileno=args.fd)] if args.fd is not None else None
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":

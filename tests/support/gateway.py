@@ -228,6 +228,10 @@ def wait_until_ready(gateway: GatewayProcess, deadline: float | None = None) -> 
     raise RuntimeError(f"gateway not ready in time:\n{gateway.log()[-4000:]}")
 
 
+class PortTaken(RuntimeError):
+    """A peer server stopped at start because its port was taken after `free_port` chose it."""
+
+
 @contextlib.contextmanager
 def peer_process(
     command: list[str],
@@ -247,7 +251,8 @@ def peer_process(
         while True:
             if process.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{command[:3]} exited with {process.returncode}:\n{tail}")
+                error = PortTaken if "address already in use" in tail.lower() else RuntimeError
+                raise error(f"{command[:3]} exited with {process.returncode}:\n{tail}")
             try:
                 if httpx.get(ready_url, timeout=2).status_code == 200:
                     break
@@ -272,24 +277,33 @@ def vllm_server(
     log_dir: Path, *flags: str, served_model_name: str = MODEL_NAME, port: int | None = None
 ) -> Iterator[str]:
     """vLLM's own OpenAI server on the bundled model (float32, eager, a 2,048-token window, a
-    1 GiB KV cache), with `flags` added, on `port` (a free one by default); yields its base
-    URL (ending in /v1)."""
+    1 GiB KV cache), with `flags` added, on `port` (by default a free one, and another if it
+    was taken before vLLM bound it); yields its base URL (ending in /v1)."""
     from sluicegate.engine.model import bundled_model_dir
     from sluicegate.settings import Settings
 
-    port = port or free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **engine_core()}
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(bundled_model_dir(Settings().model_cache_dir)),
-        "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-        "--disable-uvicorn-access-log", *flags,
-    ]  # fmt: skip
-    log = log_dir / f"vllm-{served_model_name}-{port}.log"
-    with peer_process(command, f"http://127.0.0.1:{port}/health", log, env):
-        yield f"http://127.0.0.1:{port}/v1"
+    serving = False
+    for _ in range(PORT_TRIES if port is None else 1):
+        chosen = port or free_port()
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(bundled_model_dir(Settings().model_cache_dir)),
+            "--served-model-name", served_model_name, "--host", "127.0.0.1",
+            "--port", str(chosen), "--max-model-len", "2048", "--dtype", "float32",
+            "--enforce-eager", "--disable-uvicorn-access-log", *flags,
+        ]  # fmt: skip
+        log = log_dir / f"vllm-{served_model_name}-{chosen}.log"
+        try:
+            with peer_process(command, f"http://127.0.0.1:{chosen}/health", log, env):
+                serving = True
+                yield f"http://127.0.0.1:{chosen}/v1"
+                return
+        except PortTaken:
+            if port is not None or serving:
+                raise
+    raise RuntimeError(f"vLLM's server did not start: {PORT_TRIES} ports taken in turn")
 
 
 T = TypeVar("T")

@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from tests.support.fault_upstream import ControlError, FaultUpstreamProcess, parse_control, start
-from tests.support.gateway import free_port
 
 CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "two words"}]}
 
@@ -19,7 +18,7 @@ CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "two wo
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultUpstreamProcess]:
     log = tmp_path_factory.mktemp("fault") / "upstream.log"
-    process = start(free_port(), "--chunks", "5", "--api-key", "sk-up", log=log)
+    process = start(0, "--chunks", "5", "--api-key", "sk-up", log=log)
     yield process
     process.stop()
 
