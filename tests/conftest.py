@@ -103,6 +103,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{seconds / 60:5.1f} min  {module}")
 
 
+PYTEST_OWN = frozenset({"PYTEST_CURRENT_TEST"})
+"""What pytest itself sets as a test runs (the phase it is in)."""
+
+
 @pytest.fixture(autouse=True)
 def _environment_left_as_found() -> Iterator[None]:
     """No test leaves the process environment changed for the tests after it: a change is put
@@ -111,10 +115,10 @@ def _environment_left_as_found() -> Iterator[None]:
     so torn down last)."""
     before = dict(os.environ)
     yield
-    if dict(os.environ) == before:
-        return
-    names = before.keys() | os.environ.keys()
+    names = (before.keys() | os.environ.keys()) - PYTEST_OWN
     changed = sorted(name for name in names if before.get(name) != os.environ.get(name))
+    if not changed:
+        return
     os.environ.clear()
     os.environ.update(before)
     pytest.fail(f"the test left the environment changed: {', '.join(changed)}", pytrace=False)

@@ -16,8 +16,6 @@ import hashlib
 import http.server
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 
 from tests.support import fault_upstream
 from tests.support.fault_upstream import FaultUpstreamProcess
-from tests.support.gateway import GatewayProcess, free_port, wait_until_ready
+from tests.support.gateway import GatewayProcess, start_gateway
 
 ENGINE_PACKAGES = ("vllm", "torch")
 WATCHED = (*ENGINE_PACKAGES, "transformers", "tokenizers", "huggingface_hub", "jinja2", "numpy")
@@ -81,8 +79,9 @@ def _gateway(
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    env |= {
+    env = {
+        # Not offline (the helper's default): a tokenizer may come from the hub at HF_ENDPOINT.
+        "HF_HUB_OFFLINE": "",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
         "TEST_BLOCKED_IMPORTS": ",".join(blocked),
         "TEST_WATCHED_IMPORTS": ",".join(WATCHED),
@@ -94,14 +93,7 @@ def _gateway(
         "SLUICEGATE_CACHE_POLICY": "off",
         **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
     }
-    port = free_port()
-    log_path = tmp_path / "gateway.log"
-    with log_path.open("wb") as log:
-        command = [sys.executable, "-m", "sluicegate", "serve", "--port", str(port)]
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    return wait_until_ready(GatewayProcess(process, port, log_path))
+    return start_gateway(tmp_path, env=env)
 
 
 def _loaded(tmp_path: Path, gateway: GatewayProcess) -> list[str]:
