@@ -101,8 +101,12 @@ def test_serve_with_a_missing_model_folder_fails_in_one_line(
 
 
 def test_serve_with_a_broken_model_folder_fails_in_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # `serve` sets HF_HUB_OFFLINE for a local model: set, then removed, so that monkeypatch
+    # puts back what was there before (nothing, or the caller's value) when the test ends.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     (tmp_path / "config.json").write_text("{not json")
     assert main(["serve", "--model", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
