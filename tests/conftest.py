@@ -107,22 +107,29 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{seconds / 60:5.1f} min  {module}")
 
 
-PYTEST_OWN = frozenset({"PYTEST_CURRENT_TEST"})
-"""What pytest itself sets as a test runs (the phase it is in)."""
+GUARDED = ("SLUICEGATE_", "HF_", "TRANSFORMERS_", "OTEL_", "PROMETHEUS_")
+"""The variables a test may not leave changed: what the gateway and the libraries it hands
+them to read (its settings, the hub's, OpenTelemetry's, the metrics' folder). Libraries write
+variables of their own, which are not a test's doing: on import (OpenCV prepends to
+LD_LIBRARY_PATH, vLLM sets TORCHINDUCTOR_COMPILE_THREADS and others) and as they configure
+(vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD)."""
 
 
 @pytest.fixture(autouse=True)
 def _environment_left_as_found() -> Iterator[None]:
-    """No test leaves the process environment changed for the tests after it: a change is put
+    """No test leaves a `GUARDED` variable changed for the tests after it: the change is put
     back and the test fails, naming the variables (not their values). Set variables with
     `monkeypatch.setenv`, which undoes them before this looks (this fixture is set up first,
     so torn down last)."""
-    before = dict(os.environ)
+    before = {name: value for name, value in os.environ.items() if name.startswith(GUARDED)}
     yield
-    names = (before.keys() | os.environ.keys()) - PYTEST_OWN
+    names = before.keys() | {name for name in os.environ if name.startswith(GUARDED)}
     changed = sorted(name for name in names if before.get(name) != os.environ.get(name))
     if not changed:
         return
-    os.environ.clear()
-    os.environ.update(before)
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
     pytest.fail(f"the test left the environment changed: {', '.join(changed)}", pytrace=False)

@@ -18,6 +18,8 @@ import psutil
 
 from tests.support.gateway import (
     MODEL_NAME,
+    PORT_TAKEN,
+    PORT_TRIES,
     GatewayProcess,
     free_port,
     gateway_env,
@@ -35,8 +37,7 @@ def healthcheck(port: int) -> int:
     return subprocess.run(command, env=env, capture_output=True, timeout=30).returncode
 
 
-def test_the_entrypoint_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
-    port = free_port()
+def _entrypoint(tmp_path: Path, port: int) -> GatewayProcess:
     env = gateway_env(
         {
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -44,7 +45,7 @@ def test_the_entrypoint_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
             "SLUICEGATE_PORT": str(port),
         }
     )
-    log_path = tmp_path / "entrypoint.log"
+    log_path = tmp_path / f"entrypoint-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [str(ENTRYPOINT)],
@@ -53,9 +54,26 @@ def test_the_entrypoint_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
             env=env,
             start_new_session=True,
         )
-    gateway = GatewayProcess(process, port, log_path)
+    return GatewayProcess(process, port, log_path)
+
+
+def _started(tmp_path: Path) -> GatewayProcess:
+    """The entrypoint's gateway, ready; on another port if its port was taken meanwhile."""
+    for _ in range(PORT_TRIES):
+        gateway = _entrypoint(tmp_path, free_port())
+        try:
+            return wait_until_ready(gateway)
+        except RuntimeError:
+            gateway.stop()
+            if not any(says in gateway.log() for says in PORT_TAKEN):
+                raise
+    raise RuntimeError(f"the entrypoint did not start: {PORT_TRIES} ports taken in turn")
+
+
+def test_the_entrypoint_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
+    gateway = _started(tmp_path)
+    process, port = gateway.process, gateway.port
     try:
-        wait_until_ready(gateway)
         # exec'd: the process the container runtime signals is the server, not a shell.
         command_line = " ".join(psutil.Process(process.pid).cmdline())
         assert "sluicegate" in command_line and "entrypoint.sh" not in command_line

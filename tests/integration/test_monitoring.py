@@ -115,11 +115,18 @@ class PrometheusServer:
         return body
 
     def wait_scraped_after(self, moment: float, within: float = 60.0) -> None:
-        """Until every target's last scrape began after `moment` (wall-clock seconds)."""
+        """Until every target's last scrape began after `moment` (wall-clock seconds) and
+        succeeded (a failed one also writes `up`, as 0, and leaves the target's series stale)."""
         deadline = time.monotonic() + within
         while True:
-            result = self.query("min(timestamp(up))")["data"]["result"]
-            if result and float(result[0]["value"][1]) > moment:
+            began = self.query("min(timestamp(up))")["data"]["result"]
+            answered = self.query("min(up)")["data"]["result"]
+            if (
+                began
+                and answered
+                and float(began[0]["value"][1]) > moment
+                and float(answered[0]["value"][1]) == 1
+            ):
                 return
             assert time.monotonic() < deadline, f"no scrape after the load in {within:g} s"
             time.sleep(0.2)

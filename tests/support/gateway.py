@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 START_TIMEOUT_S = 420.0
@@ -232,13 +234,29 @@ class PortTaken(RuntimeError):
     """A peer server stopped at start because its port was taken after `free_port` chose it."""
 
 
+def _listens(pid: int, port: int | None) -> bool:
+    """Whether process `pid`, or one of its children, listens on `port`."""
+    try:
+        parent = psutil.Process(pid)
+        family = {parent.pid, *(child.pid for child in parent.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return False
+    return any(
+        conn.status == psutil.CONN_LISTEN
+        and conn.laddr
+        and conn.laddr.port == port
+        and conn.pid in family
+        for conn in psutil.net_connections(kind="inet")
+    )
+
+
 @contextlib.contextmanager
 def peer_process(
     command: list[str],
     ready_url: str,
     log_path: Path,
     env: dict[str, str] | None = None,
-    timeout: float = 600.0,
+    timeout: float = START_TIMEOUT_S,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A server of another project (vLLM's, llama.cpp's, the fault upstream), running until
     `ready_url` answers 200, and stopped (its whole process group) when the block ends."""
@@ -255,6 +273,9 @@ def peer_process(
                 raise error(f"{command[:3]} exited with {process.returncode}:\n{tail}")
             try:
                 if httpx.get(ready_url, timeout=2).status_code == 200:
+                    if not _listens(process.pid, urlsplit(ready_url).port):
+                        # Another server answered on the port this one was to take.
+                        raise PortTaken(f"{command[:3]}: {ready_url} answered by another process")
                     break
             except httpx.HTTPError:
                 pass

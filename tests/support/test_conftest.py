@@ -27,43 +27,59 @@ def test_a_test_that_leaves_a_variable_set_fails_and_the_next_does_not_see_it(
 import os
 
 def test_leaks():
-    os.environ["LEAKED_BY_A_TEST"] = "secret-value"
+    os.environ["SLUICEGATE_LEAKED_BY_A_TEST"] = "secret-value"
 
 def test_after():
-    assert "LEAKED_BY_A_TEST" not in os.environ
+    assert "SLUICEGATE_LEAKED_BY_A_TEST" not in os.environ
 """
     )
     result = suite.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*the test left the environment changed: LEAKED_BY_A_TEST*"])
+    result.stdout.fnmatch_lines(
+        ["*the test left the environment changed: SLUICEGATE_LEAKED_BY_A_TEST*"]
+    )
     assert "secret-value" not in result.stdout.str()
 
 
 def test_a_removed_variable_fails_too_and_is_put_back(
     suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SET_BEFORE_THE_SUITE", "1")
+    monkeypatch.setenv("HF_SET_BEFORE_THE_SUITE", "1")
     suite.makepyfile(
         test_removes="""
 import os
 
 def test_removes():
-    del os.environ["SET_BEFORE_THE_SUITE"]
+    del os.environ["HF_SET_BEFORE_THE_SUITE"]
 
 def test_after():
-    assert os.environ["SET_BEFORE_THE_SUITE"] == "1"
+    assert os.environ["HF_SET_BEFORE_THE_SUITE"] == "1"
 """
     )
     result = suite.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*environment changed: SET_BEFORE_THE_SUITE*"])
+    result.stdout.fnmatch_lines(["*environment changed: HF_SET_BEFORE_THE_SUITE*"])
 
 
 def test_monkeypatched_variables_are_undone_before_the_check(suite: pytest.Pytester) -> None:
     suite.makepyfile(
         test_patches="""
 def test_patches(monkeypatch):
-    monkeypatch.setenv("PATCHED_BY_A_TEST", "1")
+    monkeypatch.setenv("OTEL_PATCHED_BY_A_TEST", "1")
+"""
+    )
+    suite.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_variables_libraries_set_for_themselves_are_not_a_tests_doing(
+    suite: pytest.Pytester,
+) -> None:
+    suite.makepyfile(
+        test_library="""
+import os
+
+def test_imports_a_library():
+    os.environ["LD_LIBRARY_PATH"] = "/opt/some-library"  # as OpenCV does on import
 """
     )
     suite.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -8,6 +8,7 @@ from scripts import configuration_doc
 
 from sluicegate.cli import build_parser, load_settings, main
 from sluicegate.settings import Settings, describe_error
+from tests.support.gateway import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +93,14 @@ def test_serve_with_a_bad_value_exits_2_with_one_message(
     assert "Traceback" not in err
 
 
+@pytest.fixture
+def serve_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve` takes its port before it looks at the model folder: a free one, not 8000 (which
+    a gateway of the developer's, or the same test on another worker, may hold)."""
+    monkeypatch.setenv("SLUICEGATE_PORT", str(free_port()))
+
+
+@pytest.mark.usefixtures("serve_port")
 def test_serve_with_a_missing_model_folder_fails_in_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -100,6 +109,7 @@ def test_serve_with_a_missing_model_folder_fails_in_one_line(
     assert err == f"sluicegate: model folder {tmp_path / 'nope'} does not exist"
 
 
+@pytest.mark.usefixtures("serve_port")
 def test_serve_with_a_broken_model_folder_fails_in_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,18 +7,16 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
+from tests.support import fault_upstream
 from tests.support.gateway import (
     GatewayProcess,
-    free_port,
     launch_gateway,
-    peer_process,
     wait_until_ready,
 )
 from tests.support.redis_server import shared_redis_url
@@ -26,11 +24,11 @@ from tests.support.redis_server import shared_redis_url
 
 @contextlib.contextmanager
 def _upstream(folder: Path) -> Iterator[str]:
-    port = free_port()
-    command = [sys.executable, "-m", "tests.support.fault_upstream", "--port", str(port)]
-    log = folder / f"upstream-{port}.log"
-    with peer_process(command, f"http://127.0.0.1:{port}/health", log, timeout=60):
-        yield f"http://127.0.0.1:{port}/v1"
+    upstream = fault_upstream.start(0, log=folder / "upstream.log")
+    try:
+        yield upstream.url
+    finally:
+        upstream.stop()
 
 
 @contextlib.contextmanager

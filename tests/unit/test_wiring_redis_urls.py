@@ -47,6 +47,21 @@ def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRed
     )  # fmt: skip
     binary = shutil.which("redis-server")
     assert binary, "redis-server is installed by `make test` (scripts/ensure-redis.sh)"
+    for _ in range(3):
+        process = _started(binary, server)
+        if process is not None:
+            break
+        server.tls_port = free_port()  # taken after free_port chose it: another
+    else:
+        raise AssertionError("redis did not start: three TLS ports taken in turn")
+    yield server
+    process.kill()
+    process.wait(10)
+
+
+def _started(binary: str, server: SecureRedis) -> subprocess.Popen[bytes] | None:
+    """Redis on `server`'s TLS port and socket, answering; None if it exited (its port taken)."""
+    folder = server.folder
     process = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(server.tls_port), "--bind", "127.0.0.1",
          "--tls-cert-file", str(folder / "key.pem").replace("key", "cert"),
@@ -59,17 +74,18 @@ def secure_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureRed
     )  # fmt: skip
     client = redis.Redis(unix_socket_path=str(server.socket), username=USER, password=PASSWORD)
     deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except (redis.ConnectionError, FileNotFoundError):
-            assert process.poll() is None and time.monotonic() < deadline, "redis did not start"
-            time.sleep(0.05)
-    client.close()
-    yield server
-    process.kill()
-    process.wait(10)
+    try:
+        while True:
+            try:
+                client.ping()
+                return process
+            except (redis.ConnectionError, FileNotFoundError):
+                if process.poll() is not None:
+                    return None
+                assert time.monotonic() < deadline, "redis did not start"
+                time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def urls(server: SecureRedis) -> dict[str, str]:
