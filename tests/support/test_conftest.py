@@ -27,17 +27,15 @@ def test_a_test_that_leaves_a_variable_set_fails_and_the_next_does_not_see_it(
 import os
 
 def test_leaks():
-    os.environ["SLUICEGATE_LEAKED_BY_A_TEST"] = "secret-value"
+    os.environ["HF_LEAKED_BY_A_TEST"] = "secret-value"
 
 def test_after():
-    assert "SLUICEGATE_LEAKED_BY_A_TEST" not in os.environ
+    assert "HF_LEAKED_BY_A_TEST" not in os.environ
 """
     )
     result = suite.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*the test left the environment changed: SLUICEGATE_LEAKED_BY_A_TEST*"]
-    )
+    result.stdout.fnmatch_lines(["*the test left the environment changed: HF_LEAKED_BY_A_TEST*"])
     assert "secret-value" not in result.stdout.str()
 
 
