@@ -79,10 +79,61 @@ def _stream(gateway: GatewayProcess, path: str, body: dict[str, Any]) -> str:
 
 def _masked(stream: str) -> str:
     """The stream with its id and creation time masked, once each is checked to be the same
-    in every event (a stream must not mix the upstream's envelope with the gateway's)."""
+    in every event (a stream must not mix the upstream's envelope with the gateway's), and
+    each run of text deltas joined into its first (`_joined`)."""
     assert len(set(_ID.findall(stream))) == 1, stream
     assert len(set(_CREATED.findall(stream))) == 1, stream
-    return _CREATED.sub('"created":0', _ID.sub('"id":"-"', stream))
+    return _joined(_CREATED.sub('"created":0', _ID.sub('"id":"-"', stream)))
+
+
+def _text_of(event: dict[str, Any]) -> tuple[str, str] | None:
+    """The text of an event that carries nothing but text (its field, and the text)."""
+    choices = event.get("choices") or []
+    if len(choices) != 1 or event.get("usage") or choices[0].get("finish_reason"):
+        return None
+    choice = choices[0]
+    if "text" in choice:
+        return "text", choice["text"]
+    delta = choice.get("delta") or {}
+    if set(delta) == {"content"}:
+        return "content", delta["content"]
+    return None
+
+
+def _joined(stream: str) -> str:
+    """`stream` with each run of events that carry only text joined into one, the run's first
+    with the run's text. The rendered path joins the chunks that arrive in one read (the
+    upstream is paced so that each comes in a read of its own, but a loaded machine can stall
+    longer than the pace); the passed-through stream keeps the upstream's. Every other event is
+    compared as it was sent, byte for byte."""
+    events = [line for line in stream.split("\n\n") if line]
+    out: list[str] = []
+    run: list[tuple[dict[str, Any], str]] = []  # (event, text)
+
+    def flush() -> None:
+        if run:
+            event = run[0][0]
+            field, _ = _text_of(event) or ("", "")
+            text = "".join(text for _, text in run)
+            choice = event["choices"][0]
+            if field == "text":
+                choice["text"] = text
+            else:
+                choice["delta"]["content"] = text
+            out.append("data: " + json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+        run.clear()
+
+    for raw in events:
+        payload = raw.removeprefix("data: ")
+        event = json.loads(payload) if payload != "[DONE]" else None
+        found = _text_of(event) if isinstance(event, dict) else None
+        if found is None:
+            flush()
+            out.append(raw)
+            continue
+        run.append((event, found[1]))
+    flush()
+    return "\n\n".join(out) + "\n\n"
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}]}
