@@ -59,6 +59,9 @@ def start(lane: Lane, index: int, lanes: int, workers: str, extra: list[str]) ->
     print(f"== {lane.name}: {' '.join(command[1:])}", flush=True)
     output = Path(tempfile.mkstemp(prefix="sluicegate-lane-", suffix=".log")[1])
     env = {**os.environ}
+    # Bytecode written once and read after: the lanes, the gateways they launch and their
+    # spawned children each import the project (CI's environment sets this, for builds).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if lanes > 1:
         env["GATEWAY_TEST_LANE"] = f"{index}/{lanes}"  # tests/support/gateway.py
     with output.open("wb") as sink:

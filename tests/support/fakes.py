@@ -30,8 +30,10 @@ from sluicegate.engine.protocol import (
     EngineStep,
     EngineTimes,
     Prompt,
+    ReasoningParser,
     SamplingOptions,
     StructuredOutput,
+    TemplateKwargs,
     Tokenized,
     TokenLogprob,
     ToolCallParser,
@@ -51,14 +53,28 @@ from tests.support.redis_server import shared_redis_url
 class WhitespaceTokenizer:
     vocab_size = 1000
 
-    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+    def __init__(self) -> None:
+        self.template_kwargs: list[TemplateKwargs | None] = []
+        """What each chat encoding was given as `template_kwargs`, in order."""
+
+    async def encode_chat(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
+        self.template_kwargs.append(template_kwargs)
         return [len(w) for m in messages for w in (m["role"] + " " + m["content"]).split()]
 
     async def encode_chat_counted(
-        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+        self,
+        messages: ChatMessages,
+        ids_up_to: int | None = None,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
         return ChatEncoding(
-            await self.encode_chat(messages),
+            await self.encode_chat(messages, tools, template_kwargs),
             tuple(len((m["role"] + " " + m["content"]).split()) for m in messages),
             tuple(len(m["content"].split()) for m in messages),
         )
@@ -80,6 +96,7 @@ class WhitespaceTokenizer:
         messages: Sequence[dict[str, str]],
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> str:
         return " ".join(m["role"] + " " + m["content"] for m in messages)
 
@@ -93,6 +110,9 @@ class FakeEngine:
     """Yields `words` one per step for each choice; can fail before or after output starts."""
 
     words: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
+    reasoning_words: list[str] = field(default_factory=list)
+    """Thoughts, yielded one per step before `words`, split already (as an upstream that
+    splits them); the last delta counts them as `reasoning_tokens`."""
     max_model_len: int = 64
     fail_before_output: GatewayError | None = None
     fail_after_words: int | None = None
@@ -112,6 +132,7 @@ class FakeEngine:
     refused_constraint: str | None = None
     checked: list[StructuredOutput] = field(default_factory=list)
     tool_parser: ToolCallParser | None = None
+    reasoning_parser: ReasoningParser | None = None
     renders_chat: bool = False
     engine_load: EngineLoad | None = None
     """What `load()` reports (a test sets it); None: not known, as for an upstream."""
@@ -143,6 +164,15 @@ class FakeEngine:
             stop_sequence = None if stopped is None else words[stopped].strip()
             if stopped is not None:
                 words = words[:stopped] or [""]
+            for thought in self.reasoning_words:
+                await asyncio.sleep(self.step_delay)
+                yield EngineStep(
+                    choices=[
+                        ChoiceDelta(index=i, text="", num_tokens=1, reasoning=thought)
+                        for i in range(options.n)
+                    ],
+                    prompt_tokens=len(prompt.ids),
+                )
             for position, word in enumerate(words):
                 if self.fail_after_words is not None and position == self.fail_after_words:
                     raise EngineUnavailableError()
@@ -164,6 +194,7 @@ class FakeEngine:
                             if options.logprobs is None
                             else [TokenLogprob(word, -0.5, (("alt", -1.5),) * options.logprobs)],
                             stop_sequence=stop_sequence if last else None,
+                            reasoning_tokens=len(self.reasoning_words) if last else 0,
                         )
                         for i in range(options.n)
                     ],

@@ -211,6 +211,9 @@ def wait_until_ready(gateway: GatewayProcess, deadline: float | None = None) -> 
     if deadline is None:
         deadline = time.monotonic() + START_TIMEOUT_S
     all_serving = f"all {gateway.workers} workers serving"
+    # Asked often at first (an upstream-mode gateway is ready in about 2 s), then less
+    # (an engine takes 30-60 s to start).
+    quick_until = time.monotonic() + 10
     while time.monotonic() < deadline:
         if gateway.process.poll() is not None and _relaunched_on_a_free_port(gateway):
             continue
@@ -225,7 +228,7 @@ def wait_until_ready(gateway: GatewayProcess, deadline: float | None = None) -> 
             ready = False
         if ready and (gateway.workers == 1 or all_serving in gateway.log()):
             return gateway
-        time.sleep(0.5)
+        time.sleep(0.1 if time.monotonic() < quick_until else 0.5)
     gateway.stop()
     raise RuntimeError(f"gateway not ready in time:\n{gateway.log()[-4000:]}")
 

@@ -40,6 +40,10 @@ class _Choice(_Strict):
     stop_sequence: str | None = None
     logprobs: list[_Logprob] | None = None
     logprob_counts: list[int] | None = None
+    reasoning: list[str] | None = None
+    """Each part's reasoning (aligned with `parts`); left out when the choice had none."""
+    reasoning_tokens: int | None = Field(default=None, ge=0)
+    """Left out at 0, so entries without reasoning read as those written before it."""
 
 
 class _Entry(_Strict):
@@ -68,8 +72,9 @@ class EntrySize:
 
     def add(self, delta: ChoiceDelta) -> int:
         """Count one delta; the bound so far."""
-        # The part, its comma, and its entry in `logprob_counts`.
-        size = _json_size(delta.text) + 1
+        # The part, its comma, and its entry in `logprob_counts`; its reasoning and comma (an
+        # entry of `reasoning` for each part once one has some: bounded by 3 bytes a part).
+        size = _json_size(delta.text) + 1 + _json_size(delta.reasoning) + 1
         if delta.logprobs is not None:
             size += len(str(len(delta.logprobs))) + 1
             for e in delta.logprobs:
@@ -95,6 +100,8 @@ def encode_entry(key: str, completion: Completion, created: float) -> bytes:
             if c.logprobs is None
             else [_Logprob(token=e.token, logprob=e.logprob, top=list(e.top)) for e in c.logprobs],
             logprob_counts=c.logprob_counts,
+            reasoning=c.reasoning_parts,
+            reasoning_tokens=c.reasoning_tokens or None,
         )
         for c in completion.choices
     ]
@@ -124,6 +131,8 @@ def decode_entry(key: str, data: bytes) -> tuple[Completion, float]:
             or sum(c.logprob_counts) != len(c.logprobs)
         ):
             raise CorruptEntryError("cache entry with inconsistent logprobs")
+        if c.reasoning is not None and len(c.reasoning) != len(c.parts):
+            raise CorruptEntryError("cache entry with inconsistent reasoning")
         choices.append(
             ChoiceState(
                 index=c.index,
@@ -132,7 +141,9 @@ def decode_entry(key: str, data: bytes) -> tuple[Completion, float]:
                 if c.logprobs is None
                 else [TokenLogprob(e.token, e.logprob, tuple(e.top)) for e in c.logprobs],
                 logprob_counts=None if c.logprobs is None else list(c.logprob_counts or ()),
+                reasoning_parts=None if c.reasoning is None else list(c.reasoning),
                 num_tokens=c.num_tokens,
+                reasoning_tokens=c.reasoning_tokens or 0,
                 text_length=sum(len(p) for p in c.parts),
                 finish_reason=c.finish_reason,
                 stop_sequence=c.stop_sequence,

@@ -192,6 +192,7 @@ def completion_size(completion: Completion) -> int:
     size = 0
     for choice in completion.choices:
         size += _CHOICE + sum(sys.getsizeof(part) + _SLOT for part in choice.text_parts)
+        size += sum(sys.getsizeof(part) + _SLOT for part in choice.reasoning_parts or ())
         size += sys.getsizeof(choice.finish_reason or "")
         if choice.logprobs is not None:
             size += _SLOT * len(choice.logprob_counts or ())

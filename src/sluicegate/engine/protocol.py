@@ -7,6 +7,7 @@ vLLM, so gateway logic can be typed and tested without it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -31,6 +32,27 @@ class StructuredOutput:
     grammar: str | None = None
     compact_whitespace: bool = True
     """No free whitespace between JSON tokens, so JSON modes end instead of rambling."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningOptions:
+    """How a reasoning model thinks for one chat-shaped request (chat's reasoning fields, the
+    Messages API's `thinking`)."""
+
+    include: bool = True
+    """`include_reasoning`: false drops the thoughts from the answer (they still count)."""
+    effort: str | None = None
+    """`reasoning_effort` (vLLM's values: none, minimal, low, medium, high, xhigh, max)."""
+    template_kwargs: str | None = None
+    """The keyword arguments the chat template gets (`chat_template_kwargs`, with the
+    effort's own), as canonical JSON (sorted keys), so the options stay hashable and key the
+    cache; None: none."""
+    budget: int | None = None
+    """`thinking_token_budget`: the most tokens the model may think for."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """`template_kwargs` as a mapping (a new one each call)."""
+        return {} if self.template_kwargs is None else dict(json.loads(self.template_kwargs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +82,9 @@ class SamplingOptions:
     max_tokens_given: bool = True
     """False: `max_tokens` only bounds what the gateway reserves, and the engine decides the
     length (an upstream whose tokens no budget could count, and no `max_tokens` asked)."""
+    reasoning: ReasoningOptions | None = None
+    """A chat-shaped request's reasoning fields; None for a completion, or a chat that set
+    none (the model's defaults)."""
     pass_through: bool = False
     """The run is a plain stream (`Run.plain_stream`) that nothing collects: an engine whose
     output is already the client's wire (an upstream's chunks) may hand its events on as they
@@ -91,6 +116,16 @@ class ChoiceDelta:
     go to the client (`data: {...}` lines, each ended by a blank line), in the upstream's
     envelope (its id, creation time and model name: `wire.passthrough` puts the run's in).
     They stand for the delta's text, which is then not rendered."""
+    reasoning: str = ""
+    """The part of the output the model thought in, split from `text` (the answer) by a
+    reasoning parser: the engine's own or the gateway's (`ReasoningParser`)."""
+    reasoning_tokens: int = 0
+    """Tokens of this choice's output counted as reasoning, added to those of its earlier
+    deltas (engines count them at the end: the finishing delta carries them all)."""
+    token_ids: Sequence[int] | None = None
+    """The ids of the tokens this delta's text came from, where the engine has them (the
+    in-process engine): what the gateway's reasoning parser reads. Live runs only; nothing
+    stores them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +209,9 @@ ChatMessages = Sequence[Mapping[str, Any]]
 has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`."""
 Tools = Sequence[Mapping[str, Any]]
 """Tools as chat templates take them (OpenAI's `{"type": "function", "function": {...}}`)."""
+TemplateKwargs = Mapping[str, Any]
+"""Keyword arguments of a chat template (`chat_template_kwargs`: `enable_thinking`,
+`reasoning_effort`, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,13 +249,24 @@ class PromptTokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+    async def encode_chat(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
         """Apply the model's chat template with a generation prompt, then tokenize. `tools`
-        are rendered by the template (into the first system turn, for the shipped one)."""
+        are rendered by the template (into the first system turn, for the shipped one);
+        `template_kwargs` are the template's own arguments (`chat_template_kwargs`: those the
+        template does not use are left out)."""
         ...
 
     async def encode_chat_counted(
-        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+        self,
+        messages: ChatMessages,
+        ids_up_to: int | None = None,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
         """`encode_chat`, with the ids attributed to the messages (for the token budget).
         With more than `ids_up_to` ids, only their number is returned (`ChatEncoding.length`)."""
@@ -243,6 +292,7 @@ class PromptTokenizer(Protocol):
         messages: ChatMessages,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> str:
         """The chat template applied to the messages, as text."""
         ...
@@ -303,6 +353,34 @@ class ToolCallParser(Protocol):
     def stream(self, tools: Tools) -> ToolCallStream: ...
 
 
+class ReasoningStream(Protocol):
+    """One choice's reasoning parser: splits its output, piece by piece, into thoughts and
+    answer. Holds what it has seen."""
+
+    def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> tuple[str, str]:
+        """The reasoning and the content `text` (the next piece of output, made of the tokens
+        `token_ids`) completes; `finished` on the choice's last piece, so nothing is held."""
+        ...
+
+    def count(self) -> int:
+        """How many of the tokens fed so far the parser counts as reasoning."""
+        ...
+
+
+class ReasoningParser(Protocol):
+    """Splits a reasoning model's output into thoughts and answer, in the model's own format
+    (`reasoning_parser`: one of vLLM's parsers)."""
+
+    name: str
+
+    def stream(
+        self, prompt_ids: Sequence[int], template_kwargs: Mapping[str, Any]
+    ) -> ReasoningStream:
+        """A parser for one choice of a prompt (a prompt that already ends the thoughts, as a
+        template turning thinking off writes, makes the whole output content)."""
+        ...
+
+
 class EngineClient(Protocol):
     @property
     def tokenizer(self) -> PromptTokenizer | None:
@@ -319,6 +397,12 @@ class EngineClient(Protocol):
     @property
     def tool_parser(self) -> ToolCallParser | None:
         """The parser for `tool_choice` "auto", if one is configured."""
+        ...
+
+    @property
+    def reasoning_parser(self) -> ReasoningParser | None:
+        """The parser the gateway splits the output's reasoning with, if one is configured
+        and the engine does not split it itself (an upstream reports it split)."""
         ...
 
     @property

@@ -18,6 +18,7 @@ from sluicegate.engine.protocol import (
     MAX_TOKEN_CHARS,
     ChatEncoding,
     ChatMessages,
+    TemplateKwargs,
     Tokenized,
     Tools,
 )
@@ -73,20 +74,31 @@ class HFPromptTokenizer:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
-    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+    async def encode_chat(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
         size = _chat_size(messages, tools)
-        return await self._run(size, self._encode_chat_sync, messages, tools)
+        return await self._run(size, self._encode_chat_sync, messages, tools, template_kwargs)
 
     async def encode_chat_counted(
-        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+        self,
+        messages: ChatMessages,
+        ids_up_to: int | None = None,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
-        key = _memo_key(messages, tools)
+        key = _memo_key(messages, tools, template_kwargs)
         found = self._memo.get(key)
         if found is not None:
             # A list of its own: the ids become the run's prompt.
             return dataclasses.replace(found, ids=list(found.ids))
         size = _chat_size(messages, tools)
-        encoding = await self._run(size, self._encode_chat_counted_sync, messages, ids_up_to, tools)
+        encoding = await self._run(
+            size, self._encode_chat_counted_sync, messages, ids_up_to, tools, template_kwargs
+        )
         if size <= MEMO_MAX_CHARS and encoding.length == len(encoding.ids):
             self._memo.put(key, dataclasses.replace(encoding, ids=list(encoding.ids)), size)
         return encoding
@@ -110,6 +122,7 @@ class HFPromptTokenizer:
         messages: ChatMessages,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> str:
         return await self._run(
             _chat_size(messages),
@@ -118,6 +131,7 @@ class HFPromptTokenizer:
             None,
             add_generation_prompt,
             continue_final_message,
+            template_kwargs,
         )
 
     async def decode(self, token_ids: Sequence[int]) -> str:
@@ -143,6 +157,7 @@ class HFPromptTokenizer:
         tools: Tools | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> str:
         """The prompt text: the chat template applied (with a generation prompt by default).
 
@@ -159,6 +174,7 @@ class HFPromptTokenizer:
                     tokenize=False,
                     add_generation_prompt=add_generation_prompt,
                     continue_final_message=continue_final_message,
+                    **dict(template_kwargs or {}),
                 )
             )
         except TemplateError as exc:
@@ -167,10 +183,15 @@ class HFPromptTokenizer:
                 param="messages",
             ) from None
 
-    def _encode_chat_sync(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+    def _encode_chat_sync(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
         # Same two steps as vLLM's server: render the template to text, then tokenize it
         # without adding special tokens again (the template already has them).
-        return self._encode_rendered(self.render(messages, tools))
+        return self._encode_rendered(self.render(messages, tools, template_kwargs=template_kwargs))
 
     def _encode_rendered(self, text: str) -> list[int]:
         if self._backend is not None:
@@ -178,11 +199,15 @@ class HFPromptTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _encode_chat_counted_sync(
-        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+        self,
+        messages: ChatMessages,
+        ids_up_to: int | None = None,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
-        text = self.render(messages, tools)
+        text = self.render(messages, tools, template_kwargs=template_kwargs)
         if ids_up_to is not None and len(text) > MAX_TOKEN_CHARS * max(ids_up_to, 1):
-            return self._bounded_encoding(messages, tools)
+            return self._bounded_encoding(messages, tools, template_kwargs)
         contents = [m["content"] for m in messages]
         spans = content_spans(text, contents)
         if spans is None or self._backend is None:
@@ -192,7 +217,12 @@ class HFPromptTokenizer:
         ids = encoding.ids if ids_up_to is None or length <= ids_up_to else []
         return attributed_encoding(ids, tokens_before(encoding, len(text)), spans, length)
 
-    def _bounded_encoding(self, messages: ChatMessages, tools: Tools | None) -> ChatEncoding:
+    def _bounded_encoding(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> ChatEncoding:
         """The counts of a prompt too long to fit by its characters alone, without tokenizing
         megabytes: an encoding of millions of tokens takes seconds to make and, when it is
         freed, tens of milliseconds holding the GIL. Contents longer than
@@ -208,7 +238,9 @@ class HFPromptTokenizer:
             for i, (c, m) in enumerate(zip(contents, messages, strict=True))
         ]
         empty = [_without_text(m) for m in messages]
-        framing = len(self._encode_rendered(self.render(empty, tools)))
+        framing = len(
+            self._encode_rendered(self.render(empty, tools, template_kwargs=template_kwargs))
+        )
         per_message = framing // (len(messages) + 1)
         return ChatEncoding(
             [],
@@ -270,14 +302,19 @@ def _without_text(message: Mapping[str, Any]) -> dict[str, Any]:
     return blank
 
 
-def _memo_key(messages: ChatMessages, tools: Tools | None) -> tuple[object, ...]:
-    """Everything the template renders: roles and contents, and the tool fields (as JSON,
-    only where a message has them) and the tools."""
+def _memo_key(
+    messages: ChatMessages, tools: Tools | None, template_kwargs: TemplateKwargs | None = None
+) -> tuple[object, ...]:
+    """Everything the template renders: roles and contents, the other fields (tool fields,
+    reasoning; as JSON, only where a message has them), the tools and the template's
+    keyword arguments."""
     parts: list[object] = [
         (m["role"], m["content"], _extra(m) if len(m) > 2 else None) for m in messages
     ]
     if tools:
         parts.append(json.dumps(list(tools), sort_keys=True, ensure_ascii=False))
+    if template_kwargs:
+        parts.append(("kwargs", json.dumps(dict(template_kwargs), sort_keys=True)))
     return tuple(parts)
 
 

@@ -25,6 +25,8 @@ from sluicegate.engine.protocol import (
     EngineTimes,
     FinishReason,
     Prompt,
+    ReasoningOptions,
+    ReasoningParser,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
@@ -240,6 +242,10 @@ class VLLMEngine:
         return self._tool_parser
 
     @property
+    def reasoning_parser(self) -> ReasoningParser | None:
+        return None
+
+    @property
     def renders_chat(self) -> bool:
         return False
 
@@ -431,6 +437,9 @@ def _sampling_params(options: SamplingOptions) -> Any:
     )
     del fields["max_tokens_given"]  # the budget always gives this engine its max_tokens
     del fields["pass_through"]  # its output is tokens, rendered by the gateway
+    reasoning: ReasoningOptions | None = fields.pop("reasoning")
+    if reasoning is not None and reasoning.budget is not None:
+        fields["thinking_token_budget"] = reasoning.budget
     return SamplingParams(
         **fields,
         output_kind=RequestOutputKind.DELTA,

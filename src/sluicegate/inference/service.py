@@ -137,7 +137,14 @@ class CompletionService:
                 tools.choice() if tools.tools else None,
                 tools.parallel,
             )
-        fmt = chat_format(self._model_name, request.include_usage, tools, self._engine.tool_parser)
+        fmt = chat_format(
+            self._model_name,
+            request.include_usage,
+            tools,
+            self._engine.tool_parser,
+            reasons=self._engine.reasoning_parser is not None,
+            include_reasoning=request.include_reasoning,
+        )
         options = self._options(request, fitted, structured)
         prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
         return self._prepared(request, fmt, prompts, options, arrival_time, fitted.report)
@@ -355,6 +362,9 @@ class CompletionService:
             logit_bias=request.logit_bias_pairs(),
             prompt_logprobs=(
                 request.prompt_logprobs_k() if isinstance(request, CompletionRequest) else None
+            ),
+            reasoning=(
+                request.reasoning_options() if isinstance(request, ChatCompletionRequest) else None
             ),
         )
 

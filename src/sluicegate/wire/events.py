@@ -128,7 +128,7 @@ class EventWriter:
             if first is not None:
                 yield first
         state = self.account(delta)
-        if delta.text or delta.logprobs:
+        if delta.text or delta.logprobs or delta.reasoning:
             yield from fmt.delta_chunks(state, delta)
         if delta.finish_reason is not None:
             yield from fmt.finish_chunks(state)

@@ -16,7 +16,7 @@ from typing_extensions import TypedDict
 
 from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob, ToolCallParser
 from sluicegate.observability.metrics import count_tool_calls
-from sluicegate.wire.completion import ChoiceState, Completion, Usage
+from sluicegate.wire.completion import ChoiceState, Completion, Usage, with_reasoning_details
 from sluicegate.wire.tool_calls import Rendered, ToolStream, tool_stream, whole_calls
 from sluicegate.wire.tools import NO_TOOLS, ToolSetup
 
@@ -119,6 +119,12 @@ class ChatFormat(_Envelope):
     tools: ToolSetup = NO_TOOLS
     parser: ToolCallParser | None = None
     """The tool parser for `auto` (none: `auto` answers with text)."""
+    reasons: bool = False
+    """A reasoning parser splits the output (the engine's or the gateway's): messages carry
+    `reasoning` (null when none) and usage `completion_tokens_details`, as vLLM's server
+    writes them. Thoughts an upstream split are rendered either way."""
+    include_reasoning: bool = True
+    """`include_reasoning`: false leaves the thoughts out of the answer."""
 
     CHUNK = "chat.completion.chunk"
 
@@ -137,10 +143,18 @@ class ChatFormat(_Envelope):
 
     def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
         logprobs = None if delta.logprobs is None else {"content": _chat_logprobs(delta.logprobs)}
+        thought = delta.reasoning if self.include_reasoning else ""
         if self.tools.mode == "none":
-            return [self._delta(delta.index, {"content": delta.text}, logprobs)]
+            if not delta.text and not logprobs and not thought:
+                return []
+            fields: dict[str, Any] = {"reasoning": thought} if thought else {}
+            if delta.text or not thought:
+                fields["content"] = delta.text
+            return [self._delta(delta.index, fields, logprobs)]
         rendered = self._stream(state).feed(delta.text)
         chunks = self._rendered(delta.index, rendered)
+        if thought:
+            chunks.insert(0, self._delta(delta.index, {"reasoning": thought}, None))
         if logprobs is not None:
             if not chunks:
                 return [self._delta(delta.index, {}, logprobs)]
@@ -158,9 +172,10 @@ class ChatFormat(_Envelope):
         return [*chunks, self.chunk(self.CHUNK, [choice])]
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return self.usage_body(self.CHUNK, usage)
+        return self.usage_body(self.CHUNK, with_reasoning_details(usage) if self.reasons else usage)
 
     def response(self, completion: Completion) -> dict[str, Any]:
+        usage = completion.usage
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -176,18 +191,19 @@ class ChatFormat(_Envelope):
                 }
                 for c in completion.choices
             ],
-            "usage": completion.usage,
+            "usage": with_reasoning_details(usage) if self.reasons else usage,
         }
 
     def _message(self, choice: ChoiceState) -> dict[str, Any]:
         reason = choice.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+        thought = choice.reasoning if self.include_reasoning else None
+        if thought is not None or self.reasons:
+            message["reasoning"] = thought
         if self.tools.mode == "none":
-            return {
-                "message": {"role": "assistant", "content": choice.text},
-                "finish_reason": reason,
-            }
+            return {"message": message, "finish_reason": reason}
         stream = whole_calls(self.tools, self.parser, choice.text)
-        message: dict[str, Any] = {"role": "assistant", "content": stream.content()}
+        message["content"] = stream.content()
         calls = stream.calls()
         if calls and self.tools.legacy:
             _, name, arguments = calls[0]
@@ -240,10 +256,20 @@ def chat_format(
     include_usage: bool,
     tools: ToolSetup = NO_TOOLS,
     parser: ToolCallParser | None = None,
+    *,
+    reasons: bool = False,
+    include_reasoning: bool = True,
 ) -> ChatFormat:
     """The format of a new chat completion response, with its own id and creation time."""
     return ChatFormat(
-        f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, include_usage, tools, parser
+        f"chatcmpl-{uuid.uuid4().hex}",
+        int(time.time()),
+        model,
+        include_usage,
+        tools,
+        parser,
+        reasons,
+        include_reasoning,
     )
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from sluicegate.engine.protocol import ReasoningOptions
 from sluicegate.wire.tools import (
     FunctionCall,
     FunctionCallChoice,
@@ -150,6 +151,20 @@ class ChatMessage(_Model):
     tool_call_id: str | None = None
     function_call: FunctionCall | None = None
     """Legacy: an assistant message's one call (`tool_calls` replaced it)."""
+    reasoning: str | None = None
+    """An assistant turn's thoughts, handed to the template (which may drop them). Also read
+    as `reasoning_content`, the older name (DeepSeek's API, llama.cpp), as vLLM's server
+    does."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reasoning_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("reasoning_content") is not None:
+            data = dict(data)
+            older = data.pop("reasoning_content")
+            if data.get("reasoning") is None:
+                data["reasoning"] = older
+        return data
 
     @field_validator("content")
     @classmethod
@@ -185,12 +200,15 @@ class ChatMessage(_Model):
             raise ValueError("a function message needs the function's name")
         if role != "assistant" and (self.tool_calls is not None or self.function_call):
             raise ValueError("only assistant messages carry tool_calls or function_call")
+        if role != "assistant" and self.reasoning is not None:
+            raise ValueError("only assistant messages carry reasoning")
         if self.tool_calls is not None and self.function_call is not None:
             raise ValueError("send either tool_calls or the deprecated function_call, not both")
         return self
 
-    def tool_texts(self) -> list[tuple[Loc, str]]:
-        """The texts of the message's tool fields, located within the message."""
+    def other_texts(self) -> list[tuple[Loc, str]]:
+        """The texts of the message's fields beyond content and name (its tool fields and
+        reasoning), located within the message."""
         located: list[tuple[Loc, str]] = []
         for j, call in enumerate(self.tool_calls or ()):
             located += [
@@ -205,6 +223,8 @@ class ChatMessage(_Model):
             ]
         if self.tool_call_id is not None:
             located.append((("tool_call_id",), self.tool_call_id))
+        if self.reasoning is not None:
+            located.append((("reasoning",), self.reasoning))
         return located
 
     def prompt_message(self) -> dict[str, Any]:
@@ -217,6 +237,9 @@ class ChatMessage(_Model):
             message["name"] = self.name
         if self.tool_call_id is not None and role == "tool":
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            # Both names, as vLLM's renderer gives them: templates read one or the other.
+            message["reasoning"] = message["reasoning_content"] = self.reasoning
         calls = self.tool_calls
         if self.function_call is not None:
             calls = [ToolCall(id="call_0", function=self.function_call)]
@@ -242,7 +265,7 @@ class ChatMessage(_Model):
             located += [((index, "content", j, p.field), p.value) for j, p in enumerate(content)]
         if self.name is not None:
             located.append(((index, "name"), self.name))
-        located += [((index, *loc), text) for loc, text in self.tool_texts()]
+        located += [((index, *loc), text) for loc, text in self.other_texts()]
         return [(loc, text) for loc, text in located if _lone_surrogate(text)]
 
     def text(self) -> str:
@@ -266,11 +289,77 @@ def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
             texts += [part.value for part in content]
         if message.name is not None:
             texts.append(message.name)
-        if message.tool_calls or message.function_call or message.tool_call_id:
-            texts += [text for _, text in message.tool_texts()]
+        if (
+            message.tool_calls
+            or message.function_call
+            or message.tool_call_id
+            or message.reasoning is not None
+        ):
+            texts += [text for _, text in message.other_texts()]
     if _lone_surrogate("".join(texts)):
         _refuse(*next(found for i, m in enumerate(messages) for found in m.refused_texts(i)))
     return messages
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""vLLM's `reasoning_effort` values (OpenAI's, and DeepSeek's `max`)."""
+MAX_TEMPLATE_KWARGS_BYTES = 16384
+"""The most `chat_template_kwargs` may hold, as JSON: the template reads them whole for every
+prompt it renders, the budget's counts included."""
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "conversation",
+        "documents",
+        "messages",
+        "tokenize",
+        "tools",
+    }
+)
+"""What the gateway itself gives the template (or vLLM refuses): not a client's to set."""
+
+
+def checked_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """`chat_template_kwargs`, refused when it names what the gateway sets, or is too big."""
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(value))
+    if reserved:
+        raise ValueError(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets it"
+        )
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False))
+    except ValueError as exc:
+        raise ValueError("chat_template_kwargs must be JSON data") from exc
+    if size > MAX_TEMPLATE_KWARGS_BYTES:
+        raise ValueError(
+            f"chat_template_kwargs may hold at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON"
+        )
+    check_text([key for key in value])
+    return value
+
+
+def reasoning_options(
+    effort: str | None,
+    template_kwargs: dict[str, Any] | None,
+    include: bool = True,
+    budget: int | None = None,
+) -> ReasoningOptions | None:
+    """The engine's reasoning options for a request's fields; None when it set none. The
+    template gets `reasoning_effort`, and `enable_thinking` (false for effort "none") unless
+    the request set it, as vLLM's server merges them."""
+    budget = None if budget == -1 else budget
+    if effort is None and template_kwargs is None and include and budget is None:
+        return None
+    kwargs = dict(template_kwargs or {})
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+        kwargs.setdefault("enable_thinking", effort != "none")
+    canonical = json.dumps(kwargs, sort_keys=True, ensure_ascii=False) if kwargs else None
+    return ReasoningOptions(
+        include=include, effort=effort, template_kwargs=canonical, budget=budget
+    )
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -478,6 +567,11 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     functions: list[FunctionDefinition] | None = None
     function_call: FunctionCallChoice | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True
+    thinking_token_budget: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    """vLLM's: the most tokens a reasoning model may think for; -1 (or none) for no bound."""
     # What a text-only model without search cannot give: refused, never silently ignored.
     audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
@@ -509,8 +603,22 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("top_logprobs requires logprobs to be true")
         return value
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else checked_template_kwargs(value)
+
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def reasoning_options(self) -> ReasoningOptions | None:
+        """The request's reasoning fields for the engine; None when it set none."""
+        return reasoning_options(
+            self.reasoning_effort,
+            self.chat_template_kwargs,
+            self.include_reasoning,
+            self.thinking_token_budget,
+        )
 
     def tool_setup(self, limits: ToolLimits) -> ToolSetup:
         """The tools offered and how they may be called (a 400 when the fields disagree)."""

@@ -24,7 +24,11 @@ def response_usage(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": usage.get("completion_tokens_details", {}).get(
+                "reasoning_tokens", 0
+            )
+        },
         "total_tokens": usage["total_tokens"],
     }
 

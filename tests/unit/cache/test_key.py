@@ -9,6 +9,7 @@ import pytest
 from sluicegate.cache.key import cache_key, is_cacheable
 from sluicegate.engine.protocol import (
     Prompt,
+    ReasoningOptions,
     SamplingOptions,
     StructuredOutput,
 )
@@ -74,12 +75,25 @@ def test_every_sampling_option_changes_the_key() -> None:
         "logit_bias": ((5, -100.0),),
         "prompt_logprobs": 0,
         "max_tokens_given": False,
+        "reasoning": ReasoningOptions(include=False),
     }
     unkeyed = {"pass_through"}  # how the output is handed on, not what it is
     assert set(changed) == {f.name for f in dataclasses.fields(SamplingOptions)} - unkeyed
     keys = {key(dataclasses.replace(GREEDY, **{name: value})) for name, value in changed.items()}
     assert len(keys) == len(changed) and key() not in keys
     assert key(dataclasses.replace(GREEDY, pass_through=True)) == key()
+
+
+def test_each_reasoning_option_changes_the_key() -> None:
+    options = [
+        ReasoningOptions(),
+        ReasoningOptions(include=False),
+        ReasoningOptions(effort="low"),
+        ReasoningOptions(template_kwargs='{"enable_thinking": false}'),
+        ReasoningOptions(budget=8),
+    ]
+    keys = {key(dataclasses.replace(GREEDY, reasoning=r)) for r in options}
+    assert len(keys) == len(options) and key() not in keys
 
 
 def test_each_structured_constraint_changes_the_key() -> None:

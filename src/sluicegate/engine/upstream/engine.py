@@ -23,6 +23,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     Prompt,
     PromptTokenizer,
+    ReasoningParser,
     SamplingOptions,
     StructuredOutput,
     ToolCallParser,
@@ -95,6 +96,12 @@ class UpstreamEngine:
     @property
     def tool_parser(self) -> ToolCallParser:
         return self._parser
+
+    @property
+    def reasoning_parser(self) -> ReasoningParser | None:
+        """None: an upstream splits its output's reasoning itself (vLLM's `reasoning`, or
+        `reasoning_content`), and the reader keeps the split."""
+        return None
 
     @property
     def renders_chat(self) -> bool:

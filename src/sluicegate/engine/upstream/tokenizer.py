@@ -32,6 +32,7 @@ from sluicegate.engine.protocol import (
     ChatEncoding,
     ChatMessages,
     PromptTokenizer,
+    TemplateKwargs,
     Tokenized,
     Tools,
 )
@@ -63,11 +64,20 @@ class RemoteTokenizer:
     def vocab_size(self) -> int:
         return UNKNOWN_VOCAB
 
-    async def encode_chat(self, messages: ChatMessages, tools: Tools | None = None) -> list[int]:
+    async def encode_chat(
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
         return await self._chat_ids(messages, tools, add_generation_prompt=True)
 
     async def encode_chat_counted(
-        self, messages: ChatMessages, ids_up_to: int | None = None, tools: Tools | None = None
+        self,
+        messages: ChatMessages,
+        ids_up_to: int | None = None,
+        tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
         ids = await self.encode_chat(messages, tools)
         if ids_up_to is None or len(ids) > ids_up_to:
@@ -119,6 +129,7 @@ class RemoteTokenizer:
         messages: ChatMessages,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> str:
         ids = await self._chat_ids(messages, None, add_generation_prompt, continue_final_message)
         return await self.decode(ids)
