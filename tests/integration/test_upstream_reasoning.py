@@ -107,7 +107,9 @@ def _events(stream: str) -> list[dict[str, Any]]:
 def _read(stream: str) -> tuple[str, str, dict[str, Any] | None]:
     """A chat stream's thoughts and content (each joined), its usage; every thought before
     the first content."""
-    thought, content, usage = [], [], None
+    thought: list[str] = []
+    content: list[str] = []
+    usage: dict[str, Any] | None = None
     for event in _events(stream):
         usage = event.get("usage") or usage
         for choice in event["choices"]:

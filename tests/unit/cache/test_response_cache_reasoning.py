@@ -47,7 +47,9 @@ async def http(
 
 def _streamed(text: str) -> tuple[list[str], str, dict[str, Any]]:
     """A stream's chunks of thought (as sent), its content joined, and its usage."""
-    thoughts, content, usage = [], [], {}
+    thoughts: list[str] = []
+    content: list[str] = []
+    usage: dict[str, Any] = {}
     for event in sse_payloads(text):
         if not isinstance(event, dict):
             continue
