@@ -38,6 +38,15 @@ Control, `POST /_control` with one JSON object, replacing the behaviour before i
     {"words": ["a", "b"]}                  the answer is these words, as they are, one a chunk
     {"chunks": 1024, "chunk_bytes": 65536} a 1,024-word answer, each word padded with x to
                                            64 KiB (combines with the others)
+    {"reasoning": ["Two", " and two."]}    a chat answer thinks first, as vLLM's server with a
+                                           reasoning parser writes it: a `{"reasoning": ...}`
+                                           delta per thought before the content, the
+                                           unstreamed `message.reasoning`, and the usage's
+                                           `completion_tokens_details.reasoning_tokens` (a
+                                           thought a token, counted in `completion_tokens`;
+                                           `max_tokens` cuts the words only). The request's
+                                           `include_reasoning` is ignored, as a server without
+                                           the field would (combines with the others)
     {"reset_all": true}                    back to normal
     {"reset_stats": true}                  counters back to zero (live gauges stay)
 
@@ -45,8 +54,8 @@ Add `"times": N` to apply a behaviour to the next N requests it concerns, then g
 normal; without it, it lasts until the next control request. `status`, `reset`, `stall`
 and `slow` concern the two completion routes only; `down` concerns every route but
 `/_control` and `/_stats`; `words`, `chunks` and `chunk_bytes` shape the completions' answer
-(a word counts as one token). `GET /_control` shows the behaviour in force. Bad control
-bodies get a 400 saying why.
+(a word counts as one token), `reasoning` the chat answer's thoughts. `GET /_control` shows
+the behaviour in force. Bad control bodies get a 400 saying why.
 
 Counters, `GET /_stats` (timestamps are `time.monotonic()` of this process: CLOCK_MONOTONIC,
 the same clock as a test's `time.monotonic()` on the same Linux host):
@@ -58,6 +67,7 @@ the same clock as a test's `time.monotonic()` on the same Linux host):
      "models": {"fault-model": 3},  the `model` completion requests named (whatever this
                                     server's own is)
      "priorities": {"None": 3},    the `priority` completion requests carried (None: none)
+     "bodies": [{...}, ...],       the last 32 completion request bodies, as sent
      "sent_bytes": 4096,           body bytes of streamed completions the server took (its
                                    sends wait while the client's socket is full)
      "resets": 0,                  connections this server reset on purpose
@@ -104,6 +114,7 @@ WORDS = [
     "the", "fields", "below", "stay", "green", "through", "the", "summer",
 ]  # fmt: skip
 ARRIVALS_KEPT = 1000
+BODIES_KEPT = 32
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -153,6 +164,7 @@ class Behaviour:
     words: tuple[str, ...] | None = None
     chunks: int | None = None
     chunk_bytes: int | None = None
+    reasoning: tuple[str, ...] | None = None
     times: int | None = None
 
     @property
@@ -161,8 +173,8 @@ class Behaviour:
 
     @property
     def shaped(self) -> bool:
-        """Whether it changes the answer's words (`words`, `chunks`, `chunk_bytes`)."""
-        return (self.words, self.chunks, self.chunk_bytes) != (None, None, None)
+        """Whether it changes the answer (`words`, `chunks`, `chunk_bytes`, `reasoning`)."""
+        return (self.words, self.chunks, self.chunk_bytes, self.reasoning) != (None,) * 4
 
     @property
     def fault(self) -> str | None:
@@ -196,6 +208,7 @@ def parse_control(body: object) -> Behaviour | None:
         slow=_number(rest, "slow", float, 0, 60),
         down=_flag(rest, "down"),
         words=_words(rest),
+        reasoning=_words(rest, "reasoning"),
         chunks=_number(rest, "chunks", int, 1, 100_000),
         chunk_bytes=_number(rest, "chunk_bytes", int, 1, 1 << 20),
         times=_number(rest, "times", int, 1, 1_000_000),
@@ -237,12 +250,12 @@ def _retry_after(body: dict[str, Any]) -> float | str | None:
     return cast(float | None, _number(body, "retry_after", float, 0, 1e12))
 
 
-def _words(body: dict[str, Any]) -> tuple[str, ...] | None:
-    value = body.get("words")
+def _words(body: dict[str, Any], name: str = "words") -> tuple[str, ...] | None:
+    value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, list) or not value or not all(isinstance(w, str) for w in value):
-        raise ControlError("words must be a non-empty list of strings")
+        raise ControlError(f"{name} must be a non-empty list of strings")
     return tuple(value)
 
 
@@ -263,6 +276,7 @@ class Stats:
     statuses: Counter[str] = field(default_factory=Counter)
     models: Counter[str] = field(default_factory=Counter)
     priorities: Counter[str] = field(default_factory=Counter)
+    bodies: deque[Any] = field(default_factory=lambda: deque(maxlen=BODIES_KEPT))
     sent_bytes: int = 0
     resets: int = 0
     disconnects: list[float] = field(default_factory=list)
@@ -272,6 +286,7 @@ class Stats:
         """Counters back to zero; `in_flight` is a live gauge and stays."""
         self.requests, self.statuses, self.models = Counter(), Counter(), Counter()
         self.priorities = Counter()
+        self.bodies = deque(maxlen=BODIES_KEPT)
         self.completed = self.resets = self.sent_bytes = 0
         self.disconnects = []
         self.arrivals = deque(maxlen=ARRIVALS_KEPT)
@@ -328,9 +343,12 @@ class Script:
         words: tuple[str, ...] | None = None,
         pad: int | None = None,
         created: int | None = None,
+        thoughts: tuple[str, ...] | None = None,
     ) -> None:
         self.model = model
         self.chunks = chunks
+        self.thoughts = thoughts or ()
+        """A chat answer's thoughts, each a chunk before the words (`reasoning` control)."""
         self.given = words
         """The answer's words as they are (`words` control); None: the canned ones."""
         self.pad = pad
@@ -356,6 +374,9 @@ class Script:
             choices: list[dict[str, Any]]
             if chat:
                 choices = [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+                choices += [
+                    {"delta": {"reasoning": t}, "finish_reason": None} for t in self.thoughts
+                ]
                 choices += [{"delta": {"content": w}, "finish_reason": None} for w in self.words(n)]
                 choices.append({"delta": {}, "finish_reason": self.finish_reason(n)})
             else:
@@ -367,7 +388,20 @@ class Script:
             ]
         return self._events[key]
 
-    def usage_event(self, chat: bool, usage: dict[str, int]) -> bytes:
+    def usage(self, chat: bool, prompt_tokens: int, n: int) -> dict[str, Any]:
+        """The usage of an `n`-word answer: its thoughts counted as vLLM's server counts
+        them (in `completion_tokens`, and in `completion_tokens_details`)."""
+        thought = len(self.thoughts) if chat else 0
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n + thought,
+            "total_tokens": prompt_tokens + n + thought,
+        }
+        if thought:
+            usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+        return usage
+
+    def usage_event(self, chat: bool, usage: dict[str, Any]) -> bytes:
         return self._tail(chat, None, usage)
 
     def _tail(self, chat: bool, choice: dict[str, Any] | None, usage: Any = ()) -> bytes:
@@ -386,11 +420,13 @@ class Script:
             event["usage"] = usage
         return b'",' + json.dumps(event, separators=(",", ":")).encode()[1:] + b"\n\n"
 
-    def body(self, chat: bool, request_id: str, n: int, usage: dict[str, int]) -> bytes:
+    def body(self, chat: bool, request_id: str, n: int, usage: dict[str, Any]) -> bytes:
         text = "".join(self.words(n))
         choice: dict[str, Any] = (
             {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         )
+        if chat and self.thoughts:
+            choice["message"]["reasoning"] = "".join(self.thoughts)
         return json.dumps(
             {
                 "id": request_id,
@@ -564,6 +600,7 @@ class FaultUpstream:
         if request["model"] is not None:
             self.stats.models[request["model"]] += 1
         self.stats.priorities[str(request["priority"])] += 1
+        self.stats.bodies.append(json.loads(raw))
         script = self._script(behaviour)
         if self.tokenize:
             request["prompt_tokens"] = self._toy_count(raw, chat)
@@ -593,11 +630,7 @@ class FaultUpstream:
         if behaviour.stall and behaviour.after_chunks is None:
             await asyncio.sleep(behaviour.stall)
         n = min(script.chunks, request["max_tokens"] or script.chunks)
-        usage = {
-            "prompt_tokens": request["prompt_tokens"],
-            "completion_tokens": n,
-            "total_tokens": request["prompt_tokens"] + n,
-        }
+        usage = script.usage(chat, request["prompt_tokens"], n)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-fault-{next(self._ids)}"
         pace = behaviour.slow if behaviour.slow is not None else self.delay
         if request["stream"]:
@@ -621,12 +654,17 @@ class FaultUpstream:
         """The answer's script: the canned one, or one shaped by the behaviour (kept)."""
         if not behaviour.shaped:
             return self.script
-        key = (behaviour.words, behaviour.chunks, behaviour.chunk_bytes)
+        key = (behaviour.words, behaviour.chunks, behaviour.chunk_bytes, behaviour.reasoning)
         if key not in self._shaped:
             words = behaviour.words
             chunks = behaviour.chunks or (len(words) if words else self.script.chunks)
             self._shaped[key] = Script(
-                self.script.model, chunks, words, behaviour.chunk_bytes, self.script.created
+                self.script.model,
+                chunks,
+                words,
+                behaviour.chunk_bytes,
+                self.script.created,
+                behaviour.reasoning,
             )
         return self._shaped[key]
 
@@ -638,7 +676,7 @@ class FaultUpstream:
         chat: bool,
         request_id: str,
         n: int,
-        usage: dict[str, int] | None,
+        usage: dict[str, Any] | None,
         behaviour: Behaviour,
         pace: float,
     ) -> None:
@@ -760,6 +798,7 @@ class FaultUpstream:
             "statuses": dict(stats.statuses),
             "models": dict(stats.models),
             "priorities": dict(stats.priorities),
+            "bodies": list(stats.bodies),
             "sent_bytes": stats.sent_bytes,
             "resets": stats.resets,
             "disconnects": stats.disconnects,

@@ -220,3 +220,32 @@ def test_connections_accepted_tells_a_reused_connection_from_new_ones(
     assert http.get(f"{upstream.root}/_stats").json()["connections_accepted"] == 1
     httpx.get(f"{upstream.root}/health")  # a client of its own: a connection of its own
     assert http.get(f"{upstream.root}/_stats").json()["connections_accepted"] == 2
+
+
+def test_reasoning_comes_before_the_words_as_vllms_server_writes_it(
+    upstream: FaultUpstreamProcess, http: httpx.Client
+) -> None:
+    upstream.control(reasoning=["Two", " and two."])
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 2}
+    with http.stream("POST", "/chat/completions", json=body) as response:
+        chunks = [json.loads(d) for d in events(response.iter_lines())[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[1:5] == [
+        {"reasoning": "Two"},
+        {"reasoning": " and two."},
+        {"content": "Water"},
+        {"content": " finds"},
+    ]
+    details = {"reasoning_tokens": 2}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6,
+        "completion_tokens_details": details}  # fmt: skip
+    whole = http.post("/chat/completions", json={**CHAT, "max_tokens": 2}).json()
+    assert whole["choices"][0]["message"] == {
+        "role": "assistant", "content": "Water finds", "reasoning": "Two and two."}  # fmt: skip
+    assert whole["usage"]["completion_tokens_details"] == details
+    # Text completions have no thoughts; the bodies asked are kept for tests to read.
+    text = http.post("/completions", json={"prompt": "a", "max_tokens": 2}).json()
+    assert text["choices"][0]["text"] == "Water finds"
+    assert "completion_tokens_details" not in text["usage"]
+    assert upstream.stats()["bodies"][-1] == {"prompt": "a", "max_tokens": 2}

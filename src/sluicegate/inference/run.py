@@ -10,7 +10,7 @@ from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetReport
 from sluicegate.keys import ANONYMOUS
-from sluicegate.wire.formats import ResponseFormat
+from sluicegate.wire.formats import ChatFormat, ResponseFormat
 from sluicegate.wire.passthrough import passes_through
 from sluicegate.wire.tools import ToolLimits
 
@@ -102,7 +102,9 @@ class Run:
     def plain_stream(self) -> bool:
         """Whether the run, streamed, could be its engine's own events (`wire.passthrough`):
         one prompt, one choice, no logprobs, no echo, in a format with no events of its
-        own (a chat without tools, a text completion)."""
+        own (a chat without tools, a text completion), whose thoughts the gateway neither
+        splits (its engine has a reasoning parser) nor drops (`include_reasoning` false: an
+        upstream may not know the field, so the rendered path leaves them out itself)."""
         options = self.options
         return (
             len(self.prompts) == 1
@@ -111,6 +113,7 @@ class Run:
             and options.prompt_logprobs is None
             and self.echo is None
             and passes_through(self.format)
+            and not _reworks_reasoning(self.format)
         )
 
     def passing_through(self) -> Run:
@@ -126,6 +129,12 @@ class Run:
     def sequences_param(self) -> str:
         """The parameter to name when the run starts too many sequences."""
         return sequences_param(len(self.prompts), self.options.n)
+
+
+def _reworks_reasoning(fmt: ResponseFormat) -> bool:
+    """Whether a chat's thoughts are the gateway's to split (`ChatFormat.reasons`: its
+    engine's output is split by the gateway's parser) or to drop."""
+    return isinstance(fmt, ChatFormat) and (fmt.reasons or not fmt.include_reasoning)
 
 
 TEMPLATE_TOKENS = 256

@@ -36,6 +36,12 @@ async def events(
     all it holds (`Upstream.reads_whole`) needs no task for it. Read to the body's end,
     past `[DONE]`: a response closed before its last chunk closes its connection too, and
     the next request would pay for a new one."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        # A server that answers `stream: true` with a whole answer (as for `stream: false`).
+        whole = reader.feed_answer((await response.aread()).decode("utf-8", "replace"))
+        if whole is not None:
+            yield whole
+        return
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     partial = ""
     # An async generator (httpx types it as an iterator): closing it ends the read.

@@ -70,7 +70,9 @@ class RemoteTokenizer:
         tools: Tools | None = None,
         template_kwargs: TemplateKwargs | None = None,
     ) -> list[int]:
-        return await self._chat_ids(messages, tools, add_generation_prompt=True)
+        return await self._chat_ids(
+            messages, tools, add_generation_prompt=True, template_kwargs=template_kwargs
+        )
 
     async def encode_chat_counted(
         self,
@@ -79,11 +81,11 @@ class RemoteTokenizer:
         tools: Tools | None = None,
         template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
-        ids = await self.encode_chat(messages, tools)
+        ids = await self.encode_chat(messages, tools, template_kwargs)
         if ids_up_to is None or len(ids) > ids_up_to:
             blank = [{**m, "content": ""} for m in messages]
             try:
-                framing = len(await self.encode_chat(blank, tools))
+                framing = len(await self.encode_chat(blank, tools, template_kwargs))
             except InvalidRequestError:  # a template that wants contents: all is content
                 framing = 0
             contents = [len(str(m.get("content") or "")) for m in messages]
@@ -131,7 +133,9 @@ class RemoteTokenizer:
         continue_final_message: bool = False,
         template_kwargs: TemplateKwargs | None = None,
     ) -> str:
-        ids = await self._chat_ids(messages, None, add_generation_prompt, continue_final_message)
+        ids = await self._chat_ids(
+            messages, None, add_generation_prompt, continue_final_message, template_kwargs
+        )
         return await self.decode(ids)
 
     async def decode(self, token_ids: Sequence[int]) -> str:
@@ -147,6 +151,7 @@ class RemoteTokenizer:
         tools: Tools | None,
         add_generation_prompt: bool,
         continue_final_message: bool = False,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> list[int]:
         body: dict[str, Any] = {
             "model": self._model,
@@ -156,6 +161,9 @@ class RemoteTokenizer:
         }
         if tools:
             body["tools"] = [dict(t) for t in tools]
+        if template_kwargs:
+            # vLLM's `/tokenize` renders chats with them, as its chat route does.
+            body["chat_template_kwargs"] = dict(template_kwargs)
         return _ids(await self._post("/tokenize", body))
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:

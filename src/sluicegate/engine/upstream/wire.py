@@ -5,12 +5,19 @@ client asked: one parser serves both, and a non-streamed client answer is assemb
 gateway as for the in-process engine. Parameters at their OpenAI default are left out, so an
 upstream that does not know vLLM's extensions (`top_k`, `min_p`, ...) is not sent them
 unless the client asked for them.
+
+Reasoning: the request's reasoning fields go as vLLM's server takes them, and an assistant
+turn's thoughts under both names servers read (`reasoning`, vLLM's; `reasoning_content`,
+llama.cpp's and DeepSeek's). The answer's thoughts are read under either name, from a
+stream's `delta` or a whole answer's `message`, and its `completion_tokens_details.
+reasoning_tokens` counted on the finishing delta.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +29,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     FinishReason,
     Prompt,
+    ReasoningOptions,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
@@ -59,7 +67,24 @@ def request_body(
         # `max_tokens`, not chat's newer `max_completion_tokens`, which llama.cpp ignores.
         body["max_tokens"] = options.max_tokens
     _sampling(body, options, chat is not None)
+    if chat is not None and options.reasoning is not None:
+        _reasoning(body, options.reasoning)
     return path, body
+
+
+def _reasoning(body: dict[str, Any], reasoning: ReasoningOptions) -> None:
+    """vLLM's reasoning fields, each only when the request set it: the template's kwargs
+    already hold what the effort implies (`enable_thinking`), as vLLM's server would merge
+    them, so an upstream that does not merge them renders the same prompt."""
+    if reasoning.effort is not None:
+        body["reasoning_effort"] = reasoning.effort
+    kwargs = reasoning.kwargs()
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    if not reasoning.include:
+        body["include_reasoning"] = False
+    if reasoning.budget is not None:
+        body["thinking_token_budget"] = reasoning.budget
 
 
 def _chat_tools(body: dict[str, Any], chat: ChatPrompt) -> None:
@@ -127,11 +152,17 @@ def _structured(structured: StructuredOutput) -> dict[str, Any]:
 
 def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message as OpenAI's wire has it: tool-call arguments as JSON text (templates take
-    them parsed)."""
+    them parsed), and an assistant's thoughts under both names (vLLM reads `reasoning`,
+    llama.cpp and DeepSeek's API `reasoning_content`; vLLM drops the second)."""
+    wired = dict(message)
+    thought = wired.get("reasoning")
+    if thought is None:
+        thought = wired.get("reasoning_content")
+    if thought is not None:
+        wired["reasoning"] = wired["reasoning_content"] = thought
     calls = message.get("tool_calls")
     if not calls:
-        return dict(message)
-    wired = dict(message)
+        return wired
     wired["tool_calls"] = [
         {
             **call,
@@ -155,6 +186,9 @@ def _arguments_text(arguments: object) -> str:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    """`completion_tokens_details.reasoning_tokens`: of the completion tokens, those the
+    upstream's reasoning parser counted as thoughts (0 when it did not say)."""
 
 
 @dataclass(slots=True)
@@ -178,6 +212,9 @@ class StreamReader:
     """The model's context window: a usage that counts more than the request could have used
     (a prompt above it, or more completion tokens than `choices` windows) is not believed."""
     counted: dict[int, int] = field(default_factory=dict)
+    thought: dict[int, int] = field(default_factory=dict)
+    """Chunks with reasoning, by choice: how the usage's reasoning tokens are shared out
+    between several choices (`finish`)."""
     held: list[ChoiceDelta] = field(default_factory=list)
     usage: Usage | None = None
     done: bool = False
@@ -198,6 +235,7 @@ class StreamReader:
                     merged[delta.index] = delta
                     continue
                 found.text += delta.text
+                found.reasoning += delta.reasoning
                 found.num_tokens += delta.num_tokens
                 if delta.logprobs:
                     found.logprobs = (found.logprobs or []) + delta.logprobs
@@ -245,6 +283,17 @@ class StreamReader:
             return None
         return EngineStep(choices=[ChoiceDelta(0, "", tokens, raw=_framed(passed))])
 
+    def feed_answer(self, data: str) -> EngineStep | None:
+        """A whole answer (an upstream that answered the streamed request with one JSON
+        body, as for `stream: false`): its choices' `message`s, finishing, and its usage.
+        Parsed even when passing through: there are no events to hand on."""
+        event = self._event(data)
+        self.done = True
+        if event is None:
+            return None
+        deltas = list(self._deltas(event.get("choices") or ()))
+        return EngineStep(choices=deltas) if deltas else None
+
     def feed(self, data: str) -> EngineStep | None:
         """One event's data; a step for what it adds, if anything."""
         event = self._event(data)
@@ -268,12 +317,18 @@ class StreamReader:
         if isinstance(usage, dict):
             prompt = token_count(usage.get("prompt_tokens"), self.window)
             completion = token_count(usage.get("completion_tokens"), self.window * self.choices)
+            details = usage.get("completion_tokens_details")
+            thought = token_count(
+                details.get("reasoning_tokens") if isinstance(details, dict) else None,
+                completion or 0,
+            )
             if prompt is None or completion is None:
                 # Negative counts would be refunds to the key's budget and quotas, absurd
                 # ones charges it never ran up: the gateway's own counts stand instead.
                 logger.warning("an upstream reported a usage that cannot be: %.200r", usage)
             else:
-                self.usage = Usage(prompt, completion)
+                # More thoughts than output cannot be: the output stands, the thoughts not.
+                self.usage = Usage(prompt, completion, thought or 0)
         return event
 
     def finish(self) -> EngineStep:
@@ -282,25 +337,47 @@ class StreamReader:
         if usage is not None and self.held and self.choices == 1:
             counted = sum(self.counted.values())
             self.held[0].num_tokens += usage.completion_tokens - counted
+        if usage is not None and usage.reasoning_tokens and self.held:
+            self._share_reasoning(usage.reasoning_tokens)
         return EngineStep(
             choices=self.held,
             prompt_tokens=0 if usage is None else usage.prompt_tokens,
             finished=True,
         )
 
+    def _share_reasoning(self, total: int) -> None:
+        """The usage's reasoning tokens (one number for all choices) on the finishing deltas:
+        a choice's share in proportion to its chunks with reasoning (a token each, as the
+        stream counts them), the rounding's remainder on the first; all on the first when no
+        chunk had any (an upstream that counts thoughts it does not send)."""
+        held = sorted(self.held, key=lambda d: d.index)
+        weights = [self.thought.get(d.index, 0) for d in held]
+        seen = sum(weights)
+        if not seen:
+            held[0].reasoning_tokens += total
+            return
+        shares = [total * w // seen for w in weights]
+        shares[0] += total - sum(shares)
+        for delta, share in zip(held, shares, strict=True):
+            delta.reasoning_tokens += share
+
     def _deltas(self, choices: Any) -> Iterator[ChoiceDelta]:
         for choice in choices:
             index = int(choice.get("index") or 0)
             text = _choice_text(choice, self.records)
+            thought = _choice_reasoning(choice)
             reason = choice.get("finish_reason")
             logprobs = _logprobs(choice.get("logprobs"))
-            tokens = 1 if text or logprobs else 0
+            # A chunk of thoughts is output too: a token, as one of text.
+            tokens = 1 if text or thought or logprobs else 0
             if logprobs:
                 tokens = len(logprobs)
             self.counted[index] = self.counted.get(index, 0) + tokens
-            delta = ChoiceDelta(index, text, tokens, None, logprobs)
+            if thought:
+                self.thought[index] = self.thought.get(index, 0) + 1
+            delta = ChoiceDelta(index, text, tokens, None, logprobs, reasoning=thought)
             if reason is None:
-                if text or logprobs:
+                if text or thought or logprobs:
                     yield delta
                 continue
             delta.finish_reason = _FINISH.get(str(reason), "stop")
@@ -336,29 +413,60 @@ def _plain_chunk(data: str) -> bool:
 
 
 def _empty_text(data: str) -> bool:
-    """Whether a plain chunk carries no text (a chat stream's opening `role` chunk)."""
-    return '"content":""' in data or '"text":""' in data or '"content":null' in data
+    """Whether a plain chunk carries no text (a chat stream's opening `role` chunk): no
+    content, and no thoughts beside it (llama.cpp writes `"content":null` with them)."""
+    return (
+        '"content":""' in data or '"text":""' in data or '"content":null' in data
+    ) and _THOUGHT.search(data) is None
+
+
+_THOUGHT = re.compile(r'"reasoning(?:_content)?":"[^"]')
+"""A non-empty thought in compact JSON (outside strings, where quotes are escaped)."""
 
 
 def _framed(events: list[str]) -> str:
     return "".join(f"data: {data}\n\n" for data in events)
 
 
+def _message(choice: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A chat choice's delta (streamed) or message (a whole answer)."""
+    message = choice.get("delta")
+    if message is None:
+        message = choice.get("message")
+    return message if isinstance(message, dict) else {}
+
+
+def _choice_reasoning(choice: Mapping[str, Any]) -> str:
+    """A chat choice's thoughts: vLLM's `reasoning`, else `reasoning_content` (llama.cpp's,
+    DeepSeek's API's, older vLLM's); one of them when a server writes both."""
+    if "text" in choice:  # completions: no reasoning parser splits them
+        return ""
+    message = _message(choice)
+    thought = message.get("reasoning")
+    if not isinstance(thought, str) or not thought:
+        thought = message.get("reasoning_content")
+    return thought if isinstance(thought, str) else ""
+
+
 def _choice_text(choice: Mapping[str, Any], records: bool) -> str:
     if "text" in choice:  # completions
         return str(choice.get("text") or "")
-    delta = choice.get("delta") or {}
+    delta = _message(choice)
     content = delta.get("content")
     if not records:
         return str(content or "")
     parts = []
     if content:
         parts.append(encode_content(content))
-    for call in delta.get("tool_calls") or ():
+    for position, call in enumerate(delta.get("tool_calls") or ()):
         function = call.get("function") or {}
+        # A whole message's calls have no `index`: their place in the list is theirs.
+        index = call.get("index")
         parts.append(
             encode_call_fragment(
-                int(call.get("index") or 0), function.get("name"), function.get("arguments") or ""
+                int(index if index is not None else position),
+                function.get("name"),
+                function.get("arguments") or "",
             )
         )
     return "".join(parts)
