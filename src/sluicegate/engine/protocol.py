@@ -44,15 +44,24 @@ class ReasoningOptions:
     effort: str | None = None
     """`reasoning_effort` (vLLM's values: none, minimal, low, medium, high, xhigh, max)."""
     template_kwargs: str | None = None
-    """The keyword arguments the chat template gets (`chat_template_kwargs`, with the
-    effort's own), as canonical JSON (sorted keys), so the options stay hashable and key the
-    cache; None: none."""
+    """The request's `chat_template_kwargs` as it sent them, as canonical JSON (sorted keys),
+    so the options stay hashable and key the cache; None: none."""
     budget: int | None = None
     """`thinking_token_budget`: the most tokens the model may think for."""
 
+    def sent_kwargs(self) -> dict[str, Any] | None:
+        """The request's own `chat_template_kwargs` (a new mapping each call), or None."""
+        return None if self.template_kwargs is None else dict(json.loads(self.template_kwargs))
+
     def kwargs(self) -> dict[str, Any]:
-        """`template_kwargs` as a mapping (a new one each call)."""
-        return {} if self.template_kwargs is None else dict(json.loads(self.template_kwargs))
+        """What the chat template gets: the request's kwargs with the effort's own, merged as
+        vLLM's server merges them (`reasoning_effort`, and `enable_thinking` false for effort
+        "none", true otherwise, unless the request set it)."""
+        kwargs = self.sent_kwargs() or {}
+        if self.effort is not None:
+            kwargs["reasoning_effort"] = self.effort
+            kwargs.setdefault("enable_thinking", self.effort != "none")
+        return kwargs
 
 
 @dataclass(frozen=True, slots=True)

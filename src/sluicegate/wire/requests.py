@@ -346,17 +346,16 @@ def reasoning_options(
     include: bool = True,
     budget: int | None = None,
 ) -> ReasoningOptions | None:
-    """The engine's reasoning options for a request's fields; None when it set none. The
-    template gets `reasoning_effort`, and `enable_thinking` (false for effort "none") unless
-    the request set it, as vLLM's server merges them."""
+    """The engine's reasoning options for a request's fields; None when it set none (what
+    the template gets is `ReasoningOptions.kwargs`)."""
     budget = None if budget == -1 else budget
     if effort is None and template_kwargs is None and include and budget is None:
         return None
-    kwargs = dict(template_kwargs or {})
-    if effort is not None:
-        kwargs["reasoning_effort"] = effort
-        kwargs.setdefault("enable_thinking", effort != "none")
-    canonical = json.dumps(kwargs, sort_keys=True, ensure_ascii=False) if kwargs else None
+    canonical = (
+        None
+        if template_kwargs is None
+        else json.dumps(template_kwargs, sort_keys=True, ensure_ascii=False)
+    )
     return ReasoningOptions(
         include=include, effort=effort, template_kwargs=canonical, budget=budget
     )

@@ -104,9 +104,10 @@ def test_the_reasoning_fields_reach_the_engine_and_history_reaches_the_template(
     options = engine.requests[-1][2].reasoning
     assert options == ReasoningOptions(
         effort="low",
-        template_kwargs='{"custom": 1, "enable_thinking": true, "reasoning_effort": "low"}',
+        template_kwargs='{"custom": 1}',
         budget=9,
     )
+    assert options.kwargs() == {"custom": 1, "enable_thinking": True, "reasoning_effort": "low"}
     chat = engine.prompts[-1].chat
     assert chat is not None
     assert chat.messages[1]["reasoning"] == chat.messages[1]["reasoning_content"] == "Greet back."

@@ -73,13 +73,14 @@ def request_body(
 
 
 def _reasoning(body: dict[str, Any], reasoning: ReasoningOptions) -> None:
-    """vLLM's reasoning fields, each only when the request set it: the template's kwargs
-    already hold what the effort implies (`enable_thinking`), as vLLM's server would merge
-    them, so an upstream that does not merge them renders the same prompt."""
+    """vLLM's reasoning fields, each only when the request set it, as it set it: an upstream
+    merges the effort into its template's kwargs itself (vLLM does), and one that takes no
+    `chat_template_kwargs` (OpenAI's API refuses fields it does not know) gets none unless
+    the client sent them."""
     if reasoning.effort is not None:
         body["reasoning_effort"] = reasoning.effort
-    kwargs = reasoning.kwargs()
-    if kwargs:
+    kwargs = reasoning.sent_kwargs()
+    if kwargs is not None:
         body["chat_template_kwargs"] = kwargs
     if not reasoning.include:
         body["include_reasoning"] = False

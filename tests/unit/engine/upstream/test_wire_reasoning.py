@@ -28,12 +28,8 @@ def test_the_reasoning_fields_go_as_vllms_server_takes_them() -> None:
     reasoning = reasoning_options("low", {"custom": [1, 2]}, include=False, budget=32)
     body = _body(SamplingOptions(max_tokens=8, reasoning=reasoning))
     assert body["reasoning_effort"] == "low"
-    # The template's kwargs as the gateway merged them: what vLLM's server would render.
-    assert body["chat_template_kwargs"] == {
-        "custom": [1, 2],
-        "reasoning_effort": "low",
-        "enable_thinking": True,
-    }
+    # The kwargs as the client sent them: the upstream merges the effort in itself.
+    assert body["chat_template_kwargs"] == {"custom": [1, 2]}
     assert body["include_reasoning"] is False
     assert body["thinking_token_budget"] == 32
 
@@ -48,6 +44,12 @@ def test_reasoning_fields_left_at_their_default_are_not_sent() -> None:
         assert "thinking_token_budget" not in body
     assert "chat_template_kwargs" not in plain
     assert kwargs_only["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_an_effort_alone_sends_no_template_kwargs() -> None:
+    # OpenAI's API refuses fields it does not know: none is added to what the client sent.
+    body = _body(SamplingOptions(max_tokens=8, reasoning=reasoning_options("high", None)))
+    assert body["reasoning_effort"] == "high" and "chat_template_kwargs" not in body
 
 
 def test_a_completion_sends_no_reasoning_fields() -> None:
