@@ -38,6 +38,8 @@ def pair(reasoning_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "SLUICEGATE_SERVED_MODEL_NAME": SERVED,
         "SLUICEGATE_REASONING_PARSER": PARSER,
         "SLUICEGATE_CHAT_TEMPLATE": str(template),
+        # vLLM's server lets JSON grammars take whitespace: so does the gateway here.
+        "SLUICEGATE_STRUCTURED_COMPACT_WHITESPACE": "false",
     }
     with started_together(
         vllm_server(folder, *flags, served_model_name=SERVED, model=reasoning_folder),

@@ -15,7 +15,7 @@ from tests.integration.reasoning.conftest import SERVED, Pair
 
 pytestmark = pytest.mark.timeout(900)
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "Tell me about Paris."}]
 GREEDY = {"model": SERVED, "temperature": 0, "max_tokens": 48, "messages": QUESTION}
 
 
@@ -111,13 +111,22 @@ def test_no_thinking_is_vllms_streamed(pair: Pair) -> None:
     # Unstreamed, the gateway answers as streamed (its answers are the stream's deltas).
     whole = ask(pair.gateway.url + "/v1", body, stream=False)
     assert (whole.reasoning, whole.content) == (ours.reasoning, ours.content)
+    assert whole.reasoning_tokens == theirs.reasoning_tokens
+    # vLLM's server, unstreamed, parses the text without the prompt: as if it were thoughts,
+    # up to its first `</think>` (docs/models.md says so); if it ever reads the prompt, it
+    # answers as we do.
+    theirs_whole = ask(pair.vllm, body, stream=False)
+    text = ours.content or ""
+    before, marker, after = text.partition("</think>")
+    as_thoughts = (before, after or None) if marker else (text, None)
+    assert (theirs_whole.reasoning, theirs_whole.content) in (as_thoughts, (None, ours.content))
 
 
 def test_history_thoughts_are_counted_as_vllm_counts_them(pair: Pair) -> None:
     messages = [
         *QUESTION,
-        {"role": "assistant", "content": "Paris.", "reasoning": "France's capital is Paris."},
-        {"role": "user", "content": "And of Italy?"},
+        {"role": "assistant", "content": "It is in France.", "reasoning": "Paris is a city."},
+        {"role": "user", "content": "And about Rome?"},
     ]
     body = {**GREEDY, "messages": messages, "max_tokens": 8}
     theirs, ours = both(pair, body, stream=False)
@@ -149,3 +158,14 @@ def test_structured_answer_after_free_thoughts_is_vllms(pair: Pair, stream: bool
     assert ours.reasoning_tokens == theirs.reasoning_tokens
     if ours.usage["completion_tokens"] < body["max_tokens"]:
         assert isinstance(json.loads(ours.content or ""), dict)
+
+
+def test_a_thinking_budget_cuts_as_vllms(pair: Pair) -> None:
+    """`thinking_token_budget`: vLLM's engine ends the thoughts once the budget is spent
+    (here, through the engine core the gateway tells of its parser)."""
+    body = {**GREEDY, "thinking_token_budget": 3}
+    theirs, ours = both(pair, body, stream=False)
+    free = ask(pair.vllm, GREEDY, stream=False)
+    assert (theirs.reasoning_tokens or 0) < (free.reasoning_tokens or 0)  # it did cut
+    assert (ours.reasoning, ours.content) == (theirs.reasoning, theirs.content)
+    assert ours.reasoning_tokens == theirs.reasoning_tokens
