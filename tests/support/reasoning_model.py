@@ -9,6 +9,12 @@ opens a think block in the generation prompt (`<think>\\n` as plain text), write
 closed block when `enable_thinking` is false, and renders earlier thoughts as plain text
 (never `</think>`: `step3` takes any `</think>` in the prompt as thoughts already ended).
 
+Checked by hand (greedy, 48 tokens): "Tell me about Paris." gives "Paris is a city that has
+captivated the imagination of people from all over the world", `</think>`, then an answer of
+several sentences (in which the model writes more `</think>` where it would write "."); "What
+is the capital of France?" gives a one-sentence thought, `</think>` and no answer, which is why
+the tests ask the former.
+
 `reasoning_tokenizer` makes a folder with the tokenizer alone (no weights), optionally with
 id 14 as `<think>` too, for parsers that need both markers (`deepseek_r1`).
 """

@@ -164,3 +164,15 @@ async def test_completions_are_not_split(http: httpx.AsyncClient, engine: FakeEn
     assert response["choices"][0]["text"] == "Hmm | Paris"
     parser = engine.reasoning_parser
     assert isinstance(parser, FakeParser) and parser.streams == []
+
+
+async def test_the_budget_renders_the_prompt_with_the_requests_template_arguments(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    await http.post("/v1/chat/completions", json=chat(reasoning_effort="none"))
+    assert engine.tokenizer.template_kwargs[-1] == {
+        "reasoning_effort": "none",
+        "enable_thinking": False,
+    }
+    await http.post("/v1/chat/completions", json=chat())
+    assert engine.tokenizer.template_kwargs[-1] is None
