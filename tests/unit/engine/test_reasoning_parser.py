@@ -30,6 +30,11 @@ OUTPUTS = {
         "The prompt opened it. Paris.</think>Paris.",
         "Thinking, never ending",
     ],
+    # An engine-based parser (vLLM's declarative parser engine behind it).
+    "qwen3": [
+        "<think>The user asks about France.</think>The capital is Paris.",
+        "The prompt opened it. Paris.</think>Paris.",
+    ],
 }
 
 
@@ -40,7 +45,8 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("reasoning-tokenizers")
     step3 = reasoning_tokenizer(folder / "step3")
     r1 = reasoning_tokenizer(folder / "deepseek_r1", with_start=True)
-    return {"step3": get_tokenizer(str(step3)), "deepseek_r1": get_tokenizer(str(r1))}
+    both = get_tokenizer(str(r1))
+    return {"step3": get_tokenizer(str(step3)), "deepseek_r1": both, "qwen3": both}
 
 
 def cases() -> Iterator[tuple[str, str]]:
