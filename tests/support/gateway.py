@@ -298,11 +298,16 @@ def peer_process(
 
 @contextlib.contextmanager
 def vllm_server(
-    log_dir: Path, *flags: str, served_model_name: str = MODEL_NAME, port: int | None = None
+    log_dir: Path,
+    *flags: str,
+    served_model_name: str = MODEL_NAME,
+    port: int | None = None,
+    model: Path | None = None,
 ) -> Iterator[str]:
-    """vLLM's own OpenAI server on the bundled model (float32, eager, a 2,048-token window, a
-    1 GiB KV cache), with `flags` added, on `port` (by default a free one, and another if it
-    was taken before vLLM bound it); yields its base URL (ending in /v1)."""
+    """vLLM's own OpenAI server on the bundled model, or the model folder `model` (float32,
+    eager, a 2,048-token window, a 1 GiB KV cache), with `flags` added, on `port` (by default
+    a free one, and another if it was taken before vLLM bound it); yields its base URL
+    (ending in /v1)."""
     from sluicegate.engine.model import bundled_model_dir
     from sluicegate.settings import Settings
 
@@ -313,7 +318,7 @@ def vllm_server(
         chosen = port or free_port()
         command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(bundled_model_dir(Settings().model_cache_dir)),
+            "--model", str(model or bundled_model_dir(Settings().model_cache_dir)),
             "--served-model-name", served_model_name, "--host", "127.0.0.1",
             "--port", str(chosen), "--max-model-len", "2048", "--dtype", "float32",
             "--enforce-eager", "--disable-uvicorn-access-log", *flags,

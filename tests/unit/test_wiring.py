@@ -187,6 +187,13 @@ def test_other_models_keep_their_template_and_get_no_parser_unless_set(tmp_path:
     assert wiring.tool_call_parser(settings(tool_call_parser="none")) is None
 
 
+def test_the_reasoning_parser_goes_to_the_engine_when_set(tmp_path: Path) -> None:
+    assert wiring.engine_config(settings(), str(tmp_path)).reasoning_parser is None
+    chosen = settings(model=str(tmp_path), reasoning_parser="qwen3")
+    assert wiring.engine_config(chosen, str(tmp_path)).reasoning_parser == "qwen3"
+    assert wiring.reasoning_parser(settings(reasoning_parser="none")) is None
+
+
 def test_a_missing_template_file_is_refused_at_start(tmp_path: Path) -> None:
     from pydantic import ValidationError
 

@@ -65,6 +65,7 @@ class HFPromptTokenizer:
         )
         if not chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("the model's tokenizer has no chat template")
+        self._variables: frozenset[str] | None = None
         # Repeated conversations (retries, agents, cache hits) skip the template and encoding.
         self._memo: BoundedLRU[tuple[object, ...], ChatEncoding] = BoundedLRU(
             MEMO_MAX_ENTRIES, MEMO_MAX_CHARS
@@ -90,6 +91,7 @@ class HFPromptTokenizer:
         tools: Tools | None = None,
         template_kwargs: TemplateKwargs | None = None,
     ) -> ChatEncoding:
+        template_kwargs = self.template_arguments(template_kwargs)
         key = _memo_key(messages, tools, template_kwargs)
         found = self._memo.get(key)
         if found is not None:
@@ -151,6 +153,19 @@ class HFPromptTokenizer:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def template_arguments(self, template_kwargs: TemplateKwargs | None) -> dict[str, Any]:
+        """Those of `template_kwargs` the chat template reads, as vLLM's server keeps them
+        (`resolve_chat_template_kwargs`): a model whose template knows no `enable_thinking`
+        renders the same prompt, and memoizes it once, whatever the client sends."""
+        if not template_kwargs:
+            return {}
+        if self._variables is None:
+            self._variables = _template_variables(
+                self._template or getattr(self._tokenizer, "chat_template", None)
+            )
+        variables = self._variables
+        return {k: v for k, v in template_kwargs.items() if not variables or k in variables}
+
     def render(
         self,
         messages: ChatMessages,
@@ -174,7 +189,7 @@ class HFPromptTokenizer:
                     tokenize=False,
                     add_generation_prompt=add_generation_prompt,
                     continue_final_message=continue_final_message,
-                    **dict(template_kwargs or {}),
+                    **self.template_arguments(template_kwargs),
                 )
             )
         except TemplateError as exc:
@@ -229,14 +244,21 @@ class HFPromptTokenizer:
         `BOUNDED_CONTENT_CHARS` count as their UTF-8 length, an upper bound (no token is
         shorter than a byte); the others and the template's framing are counted exactly."""
         contents = [m["content"] for m in messages]
-        counted = [i for i, c in enumerate(contents) if len(c) <= BOUNDED_CONTENT_CHARS]
-        exact = dict(zip(counted, self._count_sync([contents[i] for i in counted]), strict=True))
+        # An assistant turn's thoughts are text the template writes too: bounded alike.
+        thoughts = [_reasoning(m) for m in messages]
+        texts = contents + thoughts
+        counted = [i for i, c in enumerate(texts) if c and len(c) <= BOUNDED_CONTENT_CHARS]
+        exact = dict(zip(counted, self._count_sync([texts[i] for i in counted]), strict=True))
+        sizes = [
+            exact.get(i) or len(t.encode("utf-8", "surrogatepass")) for i, t in enumerate(texts)
+        ]
         counts = [
-            (exact.get(i) or len(c.encode("utf-8", "surrogatepass")))
+            sizes[i]
             # A message's tool calls count as their JSON's length, an upper bound too.
             + _calls_size(m)
-            for i, (c, m) in enumerate(zip(contents, messages, strict=True))
+            for i, m in enumerate(messages)
         ]
+        thought_counts = sizes[len(messages) :]
         empty = [_without_text(m) for m in messages]
         framing = len(
             self._encode_rendered(self.render(empty, tools, template_kwargs=template_kwargs))
@@ -244,9 +266,9 @@ class HFPromptTokenizer:
         per_message = framing // (len(messages) + 1)
         return ChatEncoding(
             [],
-            tuple(c + per_message for c in counts),
+            tuple(c + t + per_message for c, t in zip(counts, thought_counts, strict=True)),
             tuple(counts),
-            framing + sum(counts),
+            framing + sum(counts) + sum(thought_counts),
         )
 
     def _encode_sync(self, text: str) -> list[int]:
@@ -277,6 +299,8 @@ class HFPromptTokenizer:
 
 def _chat_size(messages: ChatMessages, tools: Tools | None = None) -> int:
     size = sum(len(m["content"]) for m in messages) + MESSAGE_WEIGHT_CHARS * len(messages)
+    # Thoughts of earlier turns, under both their names (a template may write either).
+    size += sum(2 * len(_reasoning(m)) for m in messages if len(m) > 2)
     # Tools (up to `max_tools_bytes`) and tool calls (their arguments may be megabytes) are
     # rendered as JSON: weigh them as such.
     tools_size = len(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
@@ -290,10 +314,37 @@ def _calls_size(message: Mapping[str, Any]) -> int:
     return len(json.dumps(calls)) if calls else 0
 
 
+def _reasoning(message: Mapping[str, Any]) -> str:
+    """An assistant turn's thoughts (`reasoning`, or its other name), or ""."""
+    thought = message.get("reasoning") or message.get("reasoning_content")
+    return thought if isinstance(thought, str) else ""
+
+
+def _template_variables(template: object) -> frozenset[str]:
+    """The names a Jinja chat template reads from outside: the arguments it takes. Empty
+    when unknown (a template per name, one that does not parse): then every argument goes."""
+    if not isinstance(template, str):
+        return frozenset()
+    import jinja2
+    import jinja2.meta
+    import jinja2.sandbox
+
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        extensions=["jinja2.ext.loopcontrols"]
+    )
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(environment.parse(template)))
+    except jinja2.TemplateError:
+        return frozenset()
+
+
 def _without_text(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The message with no content and empty call arguments: what the template adds around
-    them (`_bounded_encoding`)."""
+    """The message with no content, thoughts or call arguments: what the template adds
+    around them (`_bounded_encoding`)."""
     blank = {**message, "content": ""}
+    for name in ("reasoning", "reasoning_content"):
+        if name in message:
+            blank[name] = ""
     if message.get("tool_calls"):
         blank["tool_calls"] = [
             {**call, "function": {**call["function"], "arguments": {}}}

@@ -32,6 +32,7 @@ from sluicegate.engine.protocol import (
     TokenLogprob,
     ToolCallParser,
 )
+from sluicegate.engine.reasoning_parser import VLLMReasoningParser, check_reasoning_parser
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.tool_parser import VLLMToolCallParser
 from sluicegate.engine.vllm_adapters import LoadedAdapters
@@ -84,6 +85,10 @@ class EngineConfig:
     """Jinja text replacing the model's chat template."""
     tool_call_parser: str | None = None
     """vLLM's name of the tool parser for `tool_choice` auto."""
+    reasoning_parser: str | None = None
+    """vLLM's name of the reasoning parser that splits thoughts from the answer (the
+    gateway's split, `engine.reasoning_parser`); the engine core gets it too, so that
+    structured outputs constrain the answer only, and `thinking_token_budget` works."""
     lora: LoraConfig | None = None
     """LoRA adapters on (vLLM's `enable_lora`), with these bounds; None: off."""
 
@@ -134,6 +139,8 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
             "disable_any_whitespace": config.structured_compact_whitespace,
         },
     }
+    if config.reasoning_parser is not None:
+        args["reasoning_parser"] = config.reasoning_parser
     if on_gpu:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
     if config.lora is not None:
@@ -180,8 +187,10 @@ class VLLMEngine:
         tool_parser: ToolCallParser | None = None,
         meter: LoadMeter | None = None,
         adapters: LoadedAdapters | None = None,
+        reasoning_parser: VLLMReasoningParser | None = None,
     ):
         self._llm = llm
+        self._reasoning_parser = reasoning_parser
         self._tokenizer = tokenizer
         self._max_model_len = max_model_len
         self._tool_parser = tool_parser
@@ -202,6 +211,8 @@ class VLLMEngine:
         from sluicegate.engine.vllm_load import LoadMeter
         from sluicegate.engine.vllm_process import executor_class
 
+        if config.reasoning_parser is not None:
+            check_reasoning_parser(config.reasoning_parser)  # before minutes of start-up
         count, index = (1, 0) if core is None else (core.count, core.index)
         vllm_config = engine_vllm_config(config, clients=count, rank=index)
         meter = meter or LoadMeter(cores=config.data_parallel_size)
@@ -223,6 +234,11 @@ class VLLMEngine:
             parser = None
             if config.tool_call_parser is not None:
                 parser = VLLMToolCallParser(config.tool_call_parser, hf_tokenizer)
+            reasoning = None
+            if config.reasoning_parser is not None:
+                reasoning = VLLMReasoningParser(
+                    config.reasoning_parser, hf_tokenizer, vllm_config.model_config
+                )
             adapters = None
             if config.lora is not None:
                 base = _base_model(config, vllm_config.model_config.hf_config)
@@ -231,7 +247,7 @@ class VLLMEngine:
             llm.shutdown()
             raise
         max_len = vllm_config.model_config.max_model_len
-        return cls(llm, tokenizer, max_len, parser, meter, adapters)
+        return cls(llm, tokenizer, max_len, parser, meter, adapters, reasoning)
 
     @property
     def tokenizer(self) -> HFPromptTokenizer:
@@ -243,7 +259,7 @@ class VLLMEngine:
 
     @property
     def reasoning_parser(self) -> ReasoningParser | None:
-        return None
+        return self._reasoning_parser
 
     @property
     def renders_chat(self) -> bool:
@@ -309,10 +325,16 @@ class VLLMEngine:
             # `priority` only orders the queue under SCHEDULING_POLICY=priority; it is 0
             # otherwise (see `quota.share`).
             stream = self._llm.generate(
-                given, params, request_id, priority=priority, lora_request=lora
+                given,
+                params,
+                request_id,
+                priority=priority,
+                lora_request=lora,
+                **self._reasoning_arguments(prompt, options),
             )
             # aclosing: leaving early (disconnect, cancellation) closes vLLM's generator,
             # which aborts the request in the engine core.
+            with_ids = self._reasoning_parser is not None
             scored = 0  # prompt positions whose logprobs were passed on (they come in parts)
             timed = False
             # Counted among the engine's unfinished requests (by every worker) until it ends.
@@ -334,7 +356,9 @@ class VLLMEngine:
                             )
                             scored += len(prompt_logprobs)
                         yield EngineStep(
-                            choices=[_choice_delta(c, options.logprobs) for c in output.outputs],
+                            choices=[
+                                _choice_delta(c, options.logprobs, with_ids) for c in output.outputs
+                            ],
                             prompt_tokens=len(prompt_ids),
                             finished=output.finished,
                             prompt_logprobs=prompt_logprobs,
@@ -346,13 +370,30 @@ class VLLMEngine:
         except EngineDeadError as exc:
             raise EngineUnavailableError() from exc
         except VLLMValidationError as exc:
-            raise InvalidRequestError(str(exc.args[0]), param=exc.parameter) from exc
+            message = str(exc.args[0])
+            raise InvalidRequestError(message, param=exc.parameter or _param(message)) from exc
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from exc
         except Exception as exc:
             if self._llm.errored:
                 raise EngineUnavailableError() from exc
             raise
+
+    def _reasoning_arguments(self, prompt: Prompt, options: SamplingOptions) -> dict[str, Any]:
+        """What vLLM's chat server tells the engine core of a chat's reasoning: whether the
+        thoughts are over before the first token (`include_reasoning` false: the answer
+        alone is constrained, from the start; a prompt that closed them), and the template's
+        arguments for the core's own parser. Nothing for a completion, or a chat that set no
+        reasoning field: the core then asks its parser about the prompt, to the same end."""
+        parser = self._reasoning_parser
+        reasoning = options.reasoning
+        if parser is None or reasoning is None:
+            return {}
+        ended = not reasoning.include or parser.prompt_ends_reasoning(prompt.ids)
+        return {
+            "reasoning_ended": ended,
+            "reasoning_parser_kwargs": {"chat_template_kwargs": reasoning.kwargs()},
+        }
 
     async def check_structured(self, structured: StructuredOutput) -> None:
         """vLLM's own validation of the constraint (`SamplingParams.verify`, which its input
@@ -494,7 +535,14 @@ def _engine_times(stats: Any) -> EngineTimes | None:
     )
 
 
-def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
+def _param(message: str) -> str | None:
+    """The request field a refusal of vLLM's names when it does not say (its thinking budget
+    without a reasoning parser)."""
+    return "thinking_token_budget" if "thinking_token_budget" in message else None
+
+
+def _choice_delta(output: Any, top_k: int | None, with_ids: bool = False) -> ChoiceDelta:
+    """`with_ids`: the delta keeps its token ids (for the gateway's reasoning parser)."""
     finish: FinishReason | None = output.finish_reason
     logprobs = None
     if output.logprobs is not None:
@@ -512,6 +560,7 @@ def _choice_delta(output: Any, top_k: int | None) -> ChoiceDelta:
         finish_reason=finish,
         logprobs=logprobs,
         stop_sequence=stop,
+        token_ids=list(output.token_ids) if with_ids else None,
     )
 
 

@@ -18,7 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sluicegate.engine.protocol import MAX_TOKEN_CHARS, ChatMessages, PromptTokenizer, Tools
+from sluicegate.engine.protocol import (
+    MAX_TOKEN_CHARS,
+    ChatMessages,
+    PromptTokenizer,
+    TemplateKwargs,
+    Tools,
+)
 from sluicegate.errors import ContextLengthExceededError
 from sluicegate.inference.truncation import TruncatedChat, truncate_chat
 from sluicegate.observability.metrics import (
@@ -110,20 +116,26 @@ class TokenBudget:
         min_tokens: int = 0,
         truncation: Truncation | None = None,
         tools: Tools | None = None,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> FittedPrompts:
         """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use.
 
-        `tools` are rendered into the prompt and counted; truncation never removes them."""
+        `tools` are rendered into the prompt and counted; truncation never removes them.
+        `template_kwargs` go to the chat template at every rendering."""
         ask = _Ask(max_tokens, min_tokens, "messages")
         limit = self._prompt_limit(ask)
-        encoding = await self._tokenizer.encode_chat_counted(messages, ids_up_to=limit, tools=tools)
+        encoding = await self._tokenizer.encode_chat_counted(
+            messages, ids_up_to=limit, tools=tools, template_kwargs=template_kwargs
+        )
         before = encoding.length
         if before <= limit:
             return self._fitted([encoding.ids], before, ask, messages=messages)
         # Truncation off, or the completion alone asking for the whole context: a 400.
         if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
             self._check_fits(before, limit, ask.param)
-        result = await truncate_chat(self._tokenizer, messages, encoding, limit, tools)
+        result = await truncate_chat(
+            self._tokenizer, messages, encoding, limit, tools, template_kwargs
+        )
         after = len(result.ids)
         if after > limit and ask.insists(self._policy):
             self._check_fits(before, limit, ask.param)

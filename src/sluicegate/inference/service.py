@@ -28,6 +28,7 @@ from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetPolicy, BudgetReport, FittedPrompts, TokenBudget
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
+from sluicegate.inference.reasoning import ReasoningSplit, chat_shaped
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
     ConstraintCheck,
@@ -128,6 +129,7 @@ class CompletionService:
                 min_tokens=request.min_tokens,
                 truncation=request.truncation,
                 tools=tools.tools,
+                template_kwargs=_template_kwargs(request),
             )
         chat = None
         if self._engine.renders_chat:
@@ -164,7 +166,10 @@ class CompletionService:
             )
         tools = request.tool_setup(self._limits.tools)
         encoding = await self._tokenizer.encode_chat_counted(
-            request.prompt_messages(), ids_up_to=0, tools=tools.tools
+            request.prompt_messages(),
+            ids_up_to=0,
+            tools=tools.tools,
+            template_kwargs=_template_kwargs(request),
         )
         return encoding.length
 
@@ -401,11 +406,16 @@ class CompletionService:
         """The run's deltas from the engine, indexed as the response's choices. Closing this
         generator early aborts the run in the engine."""
         echo = run.echo
+        split = self._split(run)
         async with contextlib.aclosing(self._steps(run)) as steps:
             if echo is None:
                 async for prompt_index, step in steps:
                     for delta in step.choices:
                         delta.index = run.choice_index(prompt_index, delta.index)
+                        if split is not None:
+                            split.split(delta)
+                        else:
+                            delta.token_ids = None
                         yield delta
                 return
             echoing = _Echoing(echo, with_logprobs=run.options.prompt_logprobs is not None)
@@ -413,8 +423,18 @@ class CompletionService:
                 echoing.add(prompt_index, step.prompt_logprobs)
                 for delta in step.choices:
                     delta.index = run.choice_index(prompt_index, delta.index)
+                    delta.token_ids = None
                     for echoed in echoing.deltas(prompt_index, delta):
                         yield echoed
+
+    def _split(self, run: Run) -> ReasoningSplit | None:
+        """The run's reasoning split: when the engine has a parser and the run is a chat."""
+        parser = self._engine.reasoning_parser
+        if parser is None or not chat_shaped(run.format):
+            return None
+        reasoning = run.options.reasoning
+        kwargs = {} if reasoning is None else reasoning.kwargs()
+        return ReasoningSplit(parser, run.prompts, run.options.n, kwargs)
 
     async def collect(
         self, run: Run, deltas: DeltaSource | None = None, on_end: OnEnd | None = None
@@ -647,6 +667,13 @@ def _count_prompt(run: Run, prompt_index: int, step: EngineStep) -> None:
     """Keep the engine's count of a prompt whose ids the gateway does not know."""
     if step.prompt_tokens and not run.prompts[prompt_index].ids:
         run.counted[prompt_index] = step.prompt_tokens
+
+
+def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The chat template's arguments the request asks for (`reasoning_effort`,
+    `chat_template_kwargs`), as the engine's options carry them; None: none."""
+    reasoning = request.reasoning_options()
+    return None if reasoning is None else reasoning.kwargs() or None
 
 
 def _or(value: T | None, default: T) -> T:

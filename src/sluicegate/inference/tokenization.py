@@ -33,6 +33,7 @@ class TokenizationService:
                 request.prompt_messages(),
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
+                template_kwargs=request.chat_template_kwargs,
             )
         else:
             param, text = "prompt", request.prompt or ""

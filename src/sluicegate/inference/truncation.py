@@ -42,6 +42,7 @@ from sluicegate.engine.protocol import (
     ChatEncoding,
     ChatMessages,
     PromptTokenizer,
+    TemplateKwargs,
     Tools,
 )
 from sluicegate.offload import offload
@@ -122,9 +123,11 @@ async def truncate_chat(
     encoding: ChatEncoding,
     limit: int,
     tools: Tools | None = None,
+    template_kwargs: TemplateKwargs | None = None,
 ) -> TruncatedChat:
-    """Fit `messages`, whose exact encoding (with `tools`) is `encoding`, into `limit` prompt
-    tokens. The tools are rendered whatever goes: they are never truncated."""
+    """Fit `messages`, whose exact encoding (with `tools` and `template_kwargs`) is
+    `encoding`, into `limit` prompt tokens. The tools are rendered whatever goes: they are
+    never truncated."""
     entries = entries_of(messages, encoding)
     fixed = encoding.length - sum(e.tokens for e in entries)
     density = encoding.tokens_per_char
@@ -133,7 +136,7 @@ async def truncate_chat(
     rounds = 0
     while True:
         plan = await planner.plan(bound)
-        ids = await tokenizer.encode_chat([e.message() for e in plan.kept], tools)
+        ids = await tokenizer.encode_chat([e.message() for e in plan.kept], tools, template_kwargs)
         rounds += 1
         if len(ids) <= limit or plan.exhausted:
             kept = tuple(e.index for e in plan.kept)

@@ -50,6 +50,15 @@ class ModelSettings(BaseModel):
         "`tool_choice` auto (`hermes`, `llama3_json`, `pythonic`, ...), or `none`. Unset: "
         "`hermes` for the bundled model, none otherwise (auto then answers with text).",
     )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description="vLLM reasoning parser that splits the in-process model's thoughts from "
+        "its answer in chat answers (`message.reasoning`, `delta.reasoning`, "
+        "`usage.completion_tokens_details.reasoning_tokens`), as vLLM's `--reasoning-parser`: "
+        "`deepseek_r1`, `qwen3`, `step3`, ... (it must match the model's chat template), or "
+        "`none`. The engine gets it too: structured outputs constrain the answer only, and "
+        "`thinking_token_budget` works. Unset: none (thoughts stay in the content).",
+    )
 
     # --- models and adapters ----------------------------------------------------------
     models_file: FilePath | None = Field(

@@ -201,6 +201,10 @@ class ChatFormat(_Envelope):
         if thought is not None or self.reasons:
             message["reasoning"] = thought
         if self.tools.mode == "none":
+            if self.reasons and not choice.text:
+                # vLLM's parsers give no answer (null), not an empty one, when the output
+                # was all thoughts.
+                message["content"] = None
             return {"message": message, "finish_reason": reason}
         stream = whole_calls(self.tools, self.parser, choice.text)
         message["content"] = stream.content()

@@ -18,6 +18,7 @@ from sluicegate.wire.requests import (
     RequestModel,
     check_messages,
     check_text,
+    checked_template_kwargs,
     template_messages,
 )
 
@@ -30,6 +31,8 @@ class TokenizeRequest(RequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    """The chat template's arguments (`enable_thinking`, ...), as for a chat completion."""
     # vLLM's chat tokenize also renders `tools`; counting without them would be wrong, so
     # they are refused rather than ignored.
     tools: list[Any] | None = None
@@ -40,6 +43,11 @@ class TokenizeRequest(RequestModel):
         if value:
             raise ValueError("tools are not supported by /tokenize on this server")
         return None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else checked_template_kwargs(value)
 
     @field_validator("messages")
     @classmethod

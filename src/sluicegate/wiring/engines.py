@@ -56,6 +56,7 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         structured_compact_whitespace=settings.structured_compact_whitespace,
         chat_template=chat_template(settings),
         tool_call_parser=tool_call_parser(settings),
+        reasoning_parser=reasoning_parser(settings),
         lora=lora,
     )
 
@@ -133,6 +134,12 @@ def tool_call_parser(settings: Settings) -> str | None:
     if name is None:
         return "hermes" if settings.model is None else None
     return None if name.lower() == "none" else name
+
+
+def reasoning_parser(settings: Settings) -> str | None:
+    """The reasoning parser of the in-process model: the setting (`none` for none)."""
+    name = settings.reasoning_parser
+    return None if name is None or name.lower() == "none" else name
 
 
 LocalFactory = Callable[[Settings], Awaitable[EngineClient]]

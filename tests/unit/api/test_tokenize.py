@@ -64,6 +64,12 @@ async def test_detokenize_gives_the_text(http: httpx.AsyncClient) -> None:
             None,
         ),
         ("/tokenize", {"prompt": "x" * (128 * 64 + 1)}, 400, "prompt"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"tools": 1}},
+            400,
+            "chat_template_kwargs",
+        ),
         ("/detokenize", {"tokens": [1, 1000]}, 400, "tokens"),
         ("/detokenize", {"tokens": [-1]}, 400, "tokens.0"),
         (

@@ -72,6 +72,18 @@ def test_a_model_that_reasons_writes_null_reasoning_and_zero_tokens_when_it_did_
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
 
 
+def test_an_answer_of_thoughts_alone_has_null_content_as_vllms() -> None:
+    collector = Collector([0])
+    collector.add(ChoiceDelta(0, "", 2, "length", reasoning="Paris is", reasoning_tokens=2))
+    message = chat_format("m", False, reasons=True).response(collector.completion(7))
+    assert message["choices"][0]["message"]["content"] is None
+    assert message["choices"][0]["message"]["reasoning"] == "Paris is"
+    empty = Collector([0])
+    empty.add(ChoiceDelta(0, "", 1, "stop"))
+    plain = chat_format("m", False).response(empty.completion(7))
+    assert plain["choices"][0]["message"]["content"] == ""
+
+
 def test_a_model_without_a_parser_answers_as_before() -> None:
     collector = Collector([0])
     collector.add(ChoiceDelta(0, "Paris.", 1, "stop"))

@@ -1,0 +1,146 @@
+"""vLLM's reasoning parsers behind our `ReasoningParser` protocol: the one place that knows them.
+
+A parser is picked by name from vLLM's registry (`--reasoning-parser` in vLLM's server:
+deepseek_r1, qwen3, step3, ...) and driven as vLLM's chat server drives it: one parser per
+choice, composed by vLLM's `ParserManager` (reasoning only: tool calls are read later, from
+the content, by `engine.tool_parser`), fed each delta's text and token ids, with the prompt's
+ids on the first so that a prompt which already closed the thoughts makes the rest content.
+vLLM is imported lazily: a gateway over upstreams never loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sluicegate.engine.protocol import ReasoningStream
+
+logger = logging.getLogger(__name__)
+
+
+class ReasoningParserError(Exception):
+    """The configured parser cannot be used; one line for the operator."""
+
+
+def reasoning_parser_names() -> list[str]:
+    from vllm.reasoning import ReasoningParserManager
+
+    return sorted(ReasoningParserManager.list_registered())
+
+
+def check_reasoning_parser(name: str) -> None:
+    """Raise `ReasoningParserError`, listing the known names, unless vLLM has `name`."""
+    known = reasoning_parser_names()
+    if name not in known:
+        raise ReasoningParserError(f"unknown reasoning parser {name!r} (known: {', '.join(known)})")
+
+
+class VLLMReasoningParser:
+    """`ReasoningParser` over one of vLLM's registered reasoning parsers."""
+
+    def __init__(self, name: str, tokenizer: Any, model_config: Any = None):
+        """`tokenizer` is the model's (vLLM's `get_tokenizer`); `model_config` vLLM's, when
+        there is an engine (parsers read the model's settings from it)."""
+        from vllm.parser import ParserManager
+
+        check_reasoning_parser(name)
+        hf_config = getattr(model_config, "hf_config", None)
+        if getattr(hf_config, "model_type", None) == "gpt_oss":
+            # Its thoughts are channels of the Harmony format, which needs vLLM's own
+            # Harmony renderer, not a parse of the text.
+            raise ReasoningParserError(
+                "reasoning parsers are not supported for Harmony (gpt-oss) models"
+            )
+        try:
+            cls = ParserManager.get_parser(
+                reasoning_parser_name=name,
+                model_name=getattr(model_config, "model", None),
+                tokenizer=tokenizer,
+            )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            # The tokenizer lacks the parser's markers (`</think>`, ...).
+            raise ReasoningParserError(
+                f"reasoning parser {name!r} cannot be used with this model: {exc}"
+            ) from None
+        assert cls is not None  # a name was given
+        self.name = name
+        self._cls: Any = cls
+        self._tokenizer = tokenizer
+        self._model_config = model_config
+        self._request = _request()
+        # A parser without state, for the questions asked of prompts alone.
+        self._probe: Any = self._parser({})
+
+    def stream(
+        self, prompt_ids: Sequence[int], template_kwargs: Mapping[str, Any]
+    ) -> ReasoningStream:
+        return _Stream(self._parser(template_kwargs), self._request, prompt_ids, self.name)
+
+    def prompt_ends_reasoning(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt already closed the thoughts (a template turning thinking off
+        writes an empty think block): the output is then all answer, and structured
+        outputs constrain it from its first token."""
+        try:
+            return bool(self._probe.is_reasoning_end(list(prompt_ids)))
+        except Exception:  # a parser's bug must not refuse the request
+            logger.exception("reasoning parser %s failed on a prompt", self.name)
+            return False
+
+    def _parser(self, template_kwargs: Mapping[str, Any]) -> Any:
+        return self._cls(
+            self._tokenizer,
+            None,
+            chat_template_kwargs=dict(template_kwargs),
+            model_config=self._model_config,
+        )
+
+
+class _Stream:
+    """One choice's parser. A parser that raises ends the split for the choice (what follows
+    is content), never the answer."""
+
+    def __init__(self, parser: Any, request: Any, prompt_ids: Sequence[int], name: str):
+        self._parser = parser
+        self._request = request
+        self._prompt: list[int] | None = list(prompt_ids)
+        self._name = name
+        self._ids: list[int] = []
+        self._failed = False
+
+    def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> tuple[str, str]:
+        ids = list(token_ids)
+        self._ids.extend(ids)
+        if self._failed:
+            return "", text
+        # vLLM's server skips the empty outputs of a prefill in parts; so do we.
+        if not text and not ids and not finished:
+            return "", ""
+        prompt, self._prompt = self._prompt, None
+        try:
+            delta = self._parser.parse_delta(text, ids, self._request, prompt, finished=finished)
+        except Exception:
+            logger.exception("reasoning parser %s failed; the rest is content", self._name)
+            self._failed = True
+            return "", text
+        if delta is None:
+            return "", ""
+        return delta.reasoning or "", delta.content or ""
+
+    def count(self) -> int:
+        try:
+            return int(self._parser.count_reasoning_tokens(self._ids))
+        except Exception:
+            logger.exception("reasoning parser %s failed to count", self._name)
+            return 0
+
+
+def _request() -> Any:
+    """The request vLLM's parsers are handed: they read `include_reasoning` and the tools
+    from it. Thoughts are always split here (the chat format leaves them out when the
+    client asked so), and tool calls are not the reasoning parser's."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate(
+        {"model": "", "messages": [], "include_reasoning": True}
+    )

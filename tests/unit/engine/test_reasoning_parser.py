@@ -1,0 +1,193 @@
+"""Our adapter over vLLM's reasoning parsers (the real `step3` and `deepseek_r1`), on the
+tokenizer of the reasoning variant of the bundled model (`tests.support.reasoning_model`, no
+weights): its split, token by token or in larger deltas, joins to what vLLM's own whole-text
+parse gives, and its pieces are those vLLM's chat server streams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluicegate.engine.reasoning_parser import (
+    ReasoningParserError,
+    VLLMReasoningParser,
+    reasoning_parser_names,
+)
+from tests.support.reasoning_model import reasoning_tokenizer
+
+OUTPUTS = {
+    "step3": [
+        "The user asks about France. Its capital is Paris.</think>The capital is Paris.",
+        "Thinking, never ending",
+        "Short.</think>",
+        "</think>All answer.",
+    ],
+    "deepseek_r1": [
+        "<think>The user asks about France.</think>The capital is Paris.",
+        "The prompt opened it. Paris.</think>Paris.",
+        "Thinking, never ending",
+    ],
+    # An engine-based parser (vLLM's declarative parser engine behind it).
+    "qwen3": [
+        "<think>The user asks about France.</think>The capital is Paris.",
+        "The prompt opened it. Paris.</think>Paris.",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from vllm.tokenizers import get_tokenizer
+
+    folder = tmp_path_factory.mktemp("reasoning-tokenizers")
+    step3 = reasoning_tokenizer(folder / "step3")
+    r1 = reasoning_tokenizer(folder / "deepseek_r1", with_start=True)
+    both = get_tokenizer(str(r1))
+    return {"step3": get_tokenizer(str(step3)), "deepseek_r1": both, "qwen3": both}
+
+
+def cases() -> Iterator[tuple[str, str]]:
+    for name, outputs in OUTPUTS.items():
+        for output in outputs:
+            yield name, output
+
+
+def _vllm_parser(name: str, tokenizer: Any) -> Any:
+    """vLLM's parser for one choice, as its chat server makes it."""
+    from vllm.parser import ParserManager
+
+    cls = ParserManager.get_parser(reasoning_parser_name=name, tokenizer=tokenizer)
+    assert cls is not None
+    return cls(tokenizer, None, chat_template_kwargs={})
+
+
+def _vllm_request() -> Any:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": []})
+
+
+def _pieces(tokenizer: Any, text: str, size: int) -> list[tuple[str, list[int]]]:
+    """The text as deltas of `size` tokens, each with its text as vLLM detokenizes it."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
+    pieces, before = [], ""
+    for end in range(1, len(chunks) + 1):
+        so_far = tokenizer.decode([t for c in chunks[:end] for t in c])
+        pieces.append((so_far[len(before) :], chunks[end - 1]))
+        before = so_far
+    return pieces
+
+
+PROMPT = [1, 9690, 198]  # "<|im_start|>system\n": no marker in it
+
+
+@pytest.mark.parametrize("size", [1, 3])
+@pytest.mark.parametrize(("name", "output"), list(cases()))
+def test_split_streams_as_vllms_server_and_joins_to_its_whole_parse(
+    tokenizers: dict[str, Any], name: str, output: str, size: int
+) -> None:
+    tokenizer = tokenizers[name]
+    ours = VLLMReasoningParser(name, tokenizer).stream(PROMPT, {})
+    theirs = _vllm_parser(name, tokenizer)
+    request = _vllm_request()
+    pieces = _pieces(tokenizer, output, size)
+    ids: list[int] = []
+    for i, (text, delta_ids) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        ids += delta_ids
+        got = ours.feed(text, delta_ids, last)
+        expected = theirs.parse_delta(text, delta_ids, request, PROMPT, finished=last)
+        want = ("", "") if expected is None else (expected.reasoning or "", expected.content or "")
+        assert got == want, (i, text)
+    assert ours.count() == theirs.count_reasoning_tokens(ids)
+    if size > 1:
+        # vLLM's own streaming keeps `<think>` in the thoughts when a delta holds more than
+        # it: the whole parse differs from vLLM's stream there (the engine's deltas are one
+        # token each but where text is held back).
+        return
+    # Joined, one token a delta, the pieces are vLLM's parse of the whole text (its
+    # unstreamed answer).
+    reasoning, content, _ = _vllm_parser(name, tokenizer).parse(
+        tokenizer.decode(ids), request, model_output_token_ids=ids
+    )
+    streamed = VLLMReasoningParser(name, tokenizer).stream(PROMPT, {})
+    joined = [streamed.feed(t, d, i == len(pieces) - 1) for i, (t, d) in enumerate(pieces)]
+    assert "".join(r for r, _ in joined) == (reasoning or "")
+    assert "".join(c for _, c in joined) == (content or "")
+    assert streamed.count() == theirs.count_reasoning_tokens(ids)
+
+
+def test_step3_counts_the_tokens_before_the_end_of_thoughts(tokenizers: dict[str, Any]) -> None:
+    tokenizer = tokenizers["step3"]
+    stream = VLLMReasoningParser("step3", tokenizer).stream(PROMPT, {})
+    thought = tokenizer.encode("Paris, surely.", add_special_tokens=False)
+    answer = tokenizer.encode("</think>Paris.", add_special_tokens=False)
+    stream.feed(tokenizer.decode(thought), thought, False)
+    assert stream.feed(tokenizer.decode(answer), answer, True) == ("", "Paris.")
+    assert stream.count() == len(thought)
+
+
+def test_a_prompt_that_closed_the_thoughts_makes_all_content(tokenizers: dict[str, Any]) -> None:
+    tokenizer = tokenizers["step3"]
+    parser = VLLMReasoningParser("step3", tokenizer)
+    closed = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+    assert parser.prompt_ends_reasoning(closed)
+    assert not parser.prompt_ends_reasoning(PROMPT)
+    stream = parser.stream(closed, {"enable_thinking": False})
+    ids = tokenizer.encode("Paris. It is.", add_special_tokens=False)
+    assert stream.feed(tokenizer.decode(ids), ids, True) == ("", "Paris. It is.")
+
+
+def test_an_unknown_name_is_refused_with_the_known_ones(tokenizers: dict[str, Any]) -> None:
+    with pytest.raises(ReasoningParserError) as refused:
+        VLLMReasoningParser("no_such_parser", tokenizers["step3"])
+    message = str(refused.value)
+    assert "'no_such_parser'" in message
+    assert all(name in message for name in ("deepseek_r1", "qwen3", "step3"))
+    assert "step3" in reasoning_parser_names()
+
+
+def test_a_tokenizer_without_the_markers_is_refused(tmp_path: Path) -> None:
+    from vllm.tokenizers import get_tokenizer
+
+    from sluicegate.engine.model import bundled_model_dir
+    from sluicegate.settings import Settings
+
+    plain = get_tokenizer(str(bundled_model_dir(Settings().model_cache_dir)))
+    with pytest.raises(ReasoningParserError, match="step3"):
+        VLLMReasoningParser("step3", plain)
+
+
+class _Failing:
+    """A vLLM parser whose streaming breaks after `good` deltas, and whose counting too."""
+
+    def __init__(self, inner: Any, good: int):
+        self._inner = inner
+        self._good = good
+
+    def parse_delta(self, *args: Any, **kwargs: Any) -> Any:
+        if self._good <= 0:
+            raise RuntimeError("parser bug")
+        self._good -= 1
+        return self._inner.parse_delta(*args, **kwargs)
+
+    def count_reasoning_tokens(self, ids: Any) -> int:
+        raise RuntimeError("parser bug")
+
+
+def test_a_failing_parser_ends_the_split_not_the_answer(
+    tokenizers: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    tokenizer = tokenizers["step3"]
+    stream = VLLMReasoningParser("step3", tokenizer).stream(PROMPT, {})
+    stream._parser = _Failing(stream._parser, good=1)  # type: ignore[attr-defined]
+    assert stream.feed("Hmm", [44], False) == ("Hmm", "")
+    assert stream.feed(" well", [1], False) == ("", " well")
+    assert stream.feed("</think>Paris", [15, 2], True) == ("", "</think>Paris")
+    assert stream.count() == 0
+    failures = [r for r in caplog.records if "step3" in r.getMessage()]
+    assert len(failures) == 2  # once for the split, once for the count
