@@ -93,10 +93,12 @@ async def test_deltas_carry_their_token_ids_only_for_a_parser() -> None:
         # The template closed them (thinking off): constrained from the first token.
         (
             [1, 15, 2],
-            ReasoningOptions(effort="none", template_kwargs='{"enable_thinking": false}'),
+            ReasoningOptions(effort="none"),
             {
                 "reasoning_ended": True,
-                "reasoning_parser_kwargs": {"chat_template_kwargs": {"enable_thinking": False}},
+                "reasoning_parser_kwargs": {
+                    "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "none"}
+                },
             },
         ),
         # Thoughts left out of the answer: vLLM's server constrains from the start too.
