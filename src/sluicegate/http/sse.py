@@ -13,6 +13,9 @@
 - An error raised after the first byte cannot change the status any more; it is sent as an
   OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`);
   a stream with a writer of its own (`ending`: the Responses API's) ends as that renders it.
+- The wait for the next event is bounded by `stall_timeout`; an empty event from the source
+  (engine output that shows nothing: thoughts left out, text a tool parser holds) is progress
+  that sends nothing, so a model thinking silently is not a stalled stream.
 - Every `send` is bounded like the wait for an event (`stall_timeout`, `deadline`): a client
   that stops reading fills the socket buffers, and the server's `send` then blocks. The
   stream ends as if stalled: the event source is closed first (the engine request is
@@ -157,7 +160,8 @@ class EventStreamResponse(Response):
                     except StopAsyncIteration:
                         return None
                     watchdog.progress()
-                    await watchdog.send(send, _event(event))
+                    if event:  # empty: engine output that shows nothing (hidden thoughts)
+                        await watchdog.send(send, _event(event))
             except asyncio.CancelledError:
                 if watchdog.expired():
                     if watchdog.sending:

@@ -580,7 +580,8 @@ async def _events(
 ) -> AsyncGenerator[bytes, None]:
     """SSE events from the run's deltas; the deltas are closed (aborting the run) with them.
 
-    Each piece is what one delta adds, its events joined: one write to the client. The delta
+    Each piece is what one delta adds, its events joined: one write to the client (an empty
+    one, not sent, for a delta that shows nothing: the engine moved all the same). The delta
     that finishes the run's last choice is followed by nothing but the end of the deltas, so
     its events wait for the closing ones and go with them.
 
@@ -604,7 +605,10 @@ async def _events(
                         unfinished -= 1
                     if unfinished <= 0 or last:
                         last += events
-                    elif events:
+                    else:
+                        # Empty when the delta shows nothing (thoughts left out, text a
+                        # parser holds): still the engine's progress, which the stream's
+                        # stall bound counts (`http.sse`), though nothing is sent.
                         yield events
             except Exception:
                 if last:

@@ -117,9 +117,10 @@ class AdmissionSettings(BaseModel):
     stream_stall_timeout: float = Field(
         default=60.0,
         gt=0,
-        description="Seconds a stream may go without an event, or a write may stay blocked by "
-        "a client that reads nothing, before the stream ends (its engine work is aborted) and "
-        "such a connection is dropped.",
+        description="Seconds a stream may go without output from its engine (thoughts left "
+        "out of the answer count as output), or a write may stay blocked by a client that "
+        "reads nothing, before the stream ends (its engine work is aborted) and such a "
+        "connection is dropped.",
     )
     stream_ping_after: float = Field(
         default=5.0,

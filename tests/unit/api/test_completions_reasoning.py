@@ -130,3 +130,30 @@ def test_bad_reasoning_fields_are_400s_naming_them(
     answer = httpx.post(f"{url}/v1/chat/completions", json=greedy_chat(**extra), timeout=10)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", greedy_chat("Quiet", include_reasoning=False, stream=True)),
+        (
+            "/v1/messages",
+            {
+                "model": "fake-model",
+                "max_tokens": 16,
+                "stream": True,
+                "messages": [{"role": "user", "content": "Quiet"}],
+            },
+        ),
+    ],
+)
+def test_thoughts_not_shown_are_no_stall(path: str, body: dict[str, Any]) -> None:
+    # 0.8 s of thoughts the stream does not show (left out, or an API that shows none yet),
+    # each step within the 0.5 s stall bound: the engine is working, the stream goes on.
+    engine = FakeEngine(words=list(WORDS), reasoning_words=["."] * 8, step_delay=0.1)
+    app = fake_app(engine, stream_stall_timeout=0.5, stream_ping_after=30)
+    with serve_in_thread(app) as url:
+        answer = httpx.post(f"{url}{path}", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert '"error"' not in answer.text, answer.text
+    assert "Hello" in answer.text and "there" in answer.text
