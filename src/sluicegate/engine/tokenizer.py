@@ -177,25 +177,36 @@ class HFPromptTokenizer:
         """The prompt text: the chat template applied (with a generation prompt by default).
 
         A conversation the template refuses (its `raise_exception`, e.g. "only one tool call
-        per message") is an `InvalidRequestError` on `messages`."""
+        per message") is an `InvalidRequestError` on `messages`; one that fails on the
+        client's `template_kwargs` (a string added to a number) on those, as vLLM's server
+        refuses whatever a template raises."""
         from jinja2 import TemplateError
 
+        arguments = self.template_arguments(template_kwargs)
         try:
             return str(
                 self._tokenizer.apply_chat_template(
-                    [dict(m) for m in messages],
+                    [_both_reasoning_names(m) for m in messages],
                     tools=[dict(t) for t in tools] if tools else None,
                     chat_template=self._template,
                     tokenize=False,
                     add_generation_prompt=add_generation_prompt,
                     continue_final_message=continue_final_message,
-                    **self.template_arguments(template_kwargs),
+                    **arguments,
                 )
             )
         except TemplateError as exc:
             raise InvalidRequestError(
                 f"The model's chat template cannot render this conversation: {exc}",
                 param="messages",
+            ) from None
+        except Exception as exc:
+            if not arguments:
+                raise
+            raise InvalidRequestError(
+                f"The model's chat template cannot render with these chat_template_kwargs: "
+                f"{type(exc).__name__}: {exc}",
+                param="chat_template_kwargs",
             ) from None
 
     def _encode_chat_sync(
@@ -318,6 +329,16 @@ def _reasoning(message: Mapping[str, Any]) -> str:
     """An assistant turn's thoughts (`reasoning`, or its other name), or ""."""
     thought = message.get("reasoning") or message.get("reasoning_content")
     return thought if isinstance(thought, str) else ""
+
+
+def _both_reasoning_names(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message as templates take it: an assistant's thoughts under both names, as vLLM's
+    renderer gives them (templates read one or the other)."""
+    copy = dict(message)
+    thought = _reasoning(message)
+    if thought or "reasoning" in message or "reasoning_content" in message:
+        copy["reasoning"] = copy["reasoning_content"] = thought
+    return copy
 
 
 def _template_variables(template: object) -> frozenset[str]:

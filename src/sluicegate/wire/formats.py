@@ -143,6 +143,8 @@ class ChatFormat(_Envelope):
 
     def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
         logprobs = None if delta.logprobs is None else {"content": _chat_logprobs(delta.logprobs)}
+        if self._hides(delta.reasoning):
+            logprobs = None
         thought = delta.reasoning if self.include_reasoning else ""
         if self.tools.mode == "none":
             if not delta.text and not logprobs and not thought:
@@ -185,7 +187,7 @@ class ChatFormat(_Envelope):
                 {
                     "index": c.index,
                     "logprobs": None
-                    if c.logprobs is None
+                    if c.logprobs is None or self._hides(c.reasoning)
                     else {"content": _chat_logprobs(c.logprobs)},
                     **self._message(c),
                 }
@@ -193,6 +195,12 @@ class ChatFormat(_Envelope):
             ],
             "usage": with_reasoning_details(usage) if self.reasons else usage,
         }
+
+    def _hides(self, reasoning: str | None) -> bool:
+        """Whether logprobs are left out with the thoughts (`include_reasoning` false): a
+        thought's tokens would show in them. As vLLM's server, for every chunk of a model that
+        reasons; and for any output that held thoughts (an upstream that ignored the field)."""
+        return not self.include_reasoning and (self.reasons or bool(reasoning))
 
     def _message(self, choice: ChoiceState) -> dict[str, Any]:
         reason = choice.finish_reason

@@ -152,19 +152,17 @@ class ChatMessage(_Model):
     function_call: FunctionCall | None = None
     """Legacy: an assistant message's one call (`tool_calls` replaced it)."""
     reasoning: str | None = None
-    """An assistant turn's thoughts, handed to the template (which may drop them). Also read
-    as `reasoning_content`, the older name (DeepSeek's API, llama.cpp), as vLLM's server
-    does."""
+    """An assistant turn's thoughts, handed to the template (which may drop them)."""
+    reasoning_content: str | None = None
+    """The same under its older name (DeepSeek's API, llama.cpp; vLLM's server reads it as
+    `reasoning`, which wins when both are sent). Kept under the name it came with, so an
+    upstream gets what its client sent (DeepSeek's API refuses `reasoning_content` in input,
+    OpenAI's fields it does not know); templates get both names (`engine.tokenizer`)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _reasoning_content(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("reasoning_content") is not None:
-            data = dict(data)
-            older = data.pop("reasoning_content")
-            if data.get("reasoning") is None:
-                data["reasoning"] = older
-        return data
+    @property
+    def thought(self) -> str | None:
+        """The turn's thoughts, under either name."""
+        return self.reasoning if self.reasoning is not None else self.reasoning_content
 
     @field_validator("content")
     @classmethod
@@ -200,7 +198,7 @@ class ChatMessage(_Model):
             raise ValueError("a function message needs the function's name")
         if role != "assistant" and (self.tool_calls is not None or self.function_call):
             raise ValueError("only assistant messages carry tool_calls or function_call")
-        if role != "assistant" and self.reasoning is not None:
+        if role != "assistant" and self.thought is not None:
             raise ValueError("only assistant messages carry reasoning")
         if self.tool_calls is not None and self.function_call is not None:
             raise ValueError("send either tool_calls or the deprecated function_call, not both")
@@ -225,6 +223,8 @@ class ChatMessage(_Model):
             located.append((("tool_call_id",), self.tool_call_id))
         if self.reasoning is not None:
             located.append((("reasoning",), self.reasoning))
+        if self.reasoning_content is not None:
+            located.append((("reasoning_content",), self.reasoning_content))
         return located
 
     def prompt_message(self) -> dict[str, Any]:
@@ -238,8 +238,9 @@ class ChatMessage(_Model):
         if self.tool_call_id is not None and role == "tool":
             message["tool_call_id"] = self.tool_call_id
         if self.reasoning is not None:
-            # Both names, as vLLM's renderer gives them: templates read one or the other.
-            message["reasoning"] = message["reasoning_content"] = self.reasoning
+            message["reasoning"] = self.reasoning
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         calls = self.tool_calls
         if self.function_call is not None:
             calls = [ToolCall(id="call_0", function=self.function_call)]
@@ -293,7 +294,7 @@ def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
             message.tool_calls
             or message.function_call
             or message.tool_call_id
-            or message.reasoning is not None
+            or message.thought is not None
         ):
             texts += [text for _, text in message.other_texts()]
     if _lone_surrogate("".join(texts)):
@@ -312,13 +313,24 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
         "chat_template",
         "continue_final_message",
         "conversation",
+        "conversations",
         "documents",
+        "max_length",
         "messages",
+        "padding",
+        "return_assistant_tokens_mask",
+        "return_dict",
+        "return_tensors",
         "tokenize",
+        "tokenizer_kwargs",
         "tools",
+        "truncation",
     }
 )
-"""What the gateway itself gives the template (or vLLM refuses): not a client's to set."""
+"""What the gateway itself gives the template, and the tokenizer's own arguments of
+`apply_chat_template` (or what vLLM refuses): not a client's to set."""
+MAX_TEMPLATE_KWARGS_DEPTH = 16
+"""How deeply `chat_template_kwargs` may nest."""
 
 
 def checked_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
@@ -328,16 +340,34 @@ def checked_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets it"
         )
-    try:
-        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False))
-    except ValueError as exc:
-        raise ValueError("chat_template_kwargs must be JSON data") from exc
-    if size > MAX_TEMPLATE_KWARGS_BYTES:
+    _check_json_values(value)
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    if _lone_surrogate(text):
+        raise ValueError(f"chat_template_kwargs: {LONE_SURROGATE}")
+    if len(text.encode()) > MAX_TEMPLATE_KWARGS_BYTES:
         raise ValueError(
             f"chat_template_kwargs may hold at most {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON"
         )
-    check_text([key for key in value])
     return value
+
+
+def _check_json_values(value: dict[str, Any]) -> None:
+    """Refuse what the engine core could not be sent (its messages are msgpack: integers
+    within 64 bits) and nesting past `MAX_TEMPLATE_KWARGS_DEPTH`; iterative, so no depth
+    can exhaust the stack."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_TEMPLATE_KWARGS_DEPTH:
+            raise ValueError(
+                f"chat_template_kwargs may nest at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep"
+            )
+        if isinstance(item, dict):
+            pending += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            pending += [(v, depth + 1) for v in item]
+        elif isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
+            raise ValueError("chat_template_kwargs: integers must lie within 64 bits")
 
 
 def reasoning_options(

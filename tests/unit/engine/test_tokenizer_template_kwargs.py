@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sluicegate.engine.tokenizer import HFPromptTokenizer, _chat_size
+from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetPolicy, TokenBudget
 from tests.support.reasoning_model import reasoning_template
 
@@ -28,8 +29,8 @@ def tokenizer() -> HFPromptTokenizer:
 
 
 def with_thought(thought: str) -> list[dict[str, Any]]:
-    answer = {"role": "assistant", "content": "Paris.", "reasoning": thought}
-    answer["reasoning_content"] = thought
+    # One name, as a client sends it: the template is given both.
+    answer = {"role": "assistant", "content": "Paris.", "reasoning_content": thought}
     return [*QUESTION, answer, {"role": "user", "content": "And of Italy?"}]
 
 
@@ -92,3 +93,31 @@ async def test_the_budget_renders_with_the_kwargs(tokenizer: HFPromptTokenizer) 
     assert cut.report is not None and cut.report.trimmed
     kept = cut.messages or []
     assert cut.prompts == [await tokenizer.encode_chat(kept, template_kwargs=OFF)]
+
+
+async def test_a_template_failing_on_the_clients_kwargs_is_a_400_naming_them() -> None:
+    from transformers import AutoTokenizer
+
+    from sluicegate.engine.model import bundled_model_dir
+    from sluicegate.settings import Settings
+
+    hf = AutoTokenizer.from_pretrained(bundled_model_dir(Settings().model_cache_dir))
+    # As Llama 3's templates add a date string to text: a number there is a TypeError.
+    template = "{{ 'Today: ' + date_string }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    tokenizer = HFPromptTokenizer(hf, chat_template=template)
+    assert await tokenizer.render_chat(QUESTION, template_kwargs={"date_string": "1 May"})
+    with pytest.raises(InvalidRequestError) as caught:
+        await tokenizer.render_chat(QUESTION, template_kwargs={"date_string": 5})
+    assert caught.value.param == "chat_template_kwargs"
+
+
+async def test_the_template_gets_the_thoughts_under_both_names(
+    tokenizer: HFPromptTokenizer,
+) -> None:
+    by_new_name = await tokenizer.render_chat(
+        [*QUESTION, {"role": "assistant", "content": "Paris.", "reasoning": "Easy."}]
+    )
+    by_old_name = await tokenizer.render_chat(
+        [*QUESTION, {"role": "assistant", "content": "Paris.", "reasoning_content": "Easy."}]
+    )
+    assert by_new_name == by_old_name and "Easy." in by_new_name

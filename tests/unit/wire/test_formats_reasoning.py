@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sluicegate.engine.protocol import ChoiceDelta
+from sluicegate.engine.protocol import ChoiceDelta, TokenLogprob
 from sluicegate.wire.completion import Collector
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ChatFormat, chat_format
@@ -127,3 +127,22 @@ def test_thoughts_come_before_the_tool_calls_they_led_to() -> None:
     assert choice["message"]["reasoning"] == "Call f."
     assert choice["message"]["tool_calls"][0]["function"]["name"] == "f"
     assert choice["finish_reason"] == "tool_calls"
+
+
+def test_include_reasoning_false_leaves_the_logprobs_out_too() -> None:
+    # Their tokens would show the thoughts: vLLM's server leaves them out as well.
+    lp = [TokenLogprob("x", -0.1)]
+    deltas = [
+        ChoiceDelta(0, "", 1, logprobs=lp, reasoning="Think."),
+        ChoiceDelta(0, "Paris.", 1, "stop", logprobs=lp, reasoning_tokens=1),
+    ]
+    fmt = chat_format("m", False, reasons=True, include_reasoning=False)
+    chunks = _stream(fmt, [ChoiceDelta(**{f: getattr(d, f) for f in d.__slots__}) for d in deltas])
+    assert all(c["choices"][0]["logprobs"] is None for c in chunks if c["choices"])
+    assert [c["choices"][0]["delta"] for c in chunks if c["choices"]][1] == {"content": "Paris."}
+    collector = Collector([0])
+    for delta in deltas:
+        collector.add(delta)
+    assert fmt.response(collector.completion(3))["choices"][0]["logprobs"] is None
+    shown = chat_format("m", False, reasons=True).response(collector.completion(3))
+    assert shown["choices"][0]["logprobs"] is not None

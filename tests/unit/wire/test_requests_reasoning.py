@@ -28,23 +28,24 @@ def _error(**fields: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", ["reasoning", "reasoning_content"])
-def test_an_assistant_turn_hands_its_thoughts_to_the_template_under_both_names(name: str) -> None:
+def test_an_assistant_turn_keeps_its_thoughts_under_the_name_they_came_with(name: str) -> None:
     turns = [
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello", name: "Greet back."},
         {"role": "user", "content": "And?"},
     ]
     request = _request(messages=turns)
-    assert request.messages[1].reasoning == "Greet back."
+    assert request.messages[1].thought == "Greet back."
     message = request.prompt_messages()[1]
-    assert message["reasoning"] == message["reasoning_content"] == "Greet back."
+    assert message[name] == "Greet back."
+    assert {"reasoning", "reasoning_content"} & set(message) == {name}
     assert "reasoning" not in request.prompt_messages()[0]
 
 
 def test_reasoning_wins_over_reasoning_content_when_both_are_sent() -> None:
     turn = {"role": "assistant", "content": "", "reasoning": "new", "reasoning_content": "old"}
     request = _request(messages=[{"role": "user", "content": "Hi"}, turn])
-    assert request.messages[1].reasoning == "new"
+    assert request.messages[1].thought == "new"
 
 
 def test_only_an_assistant_turn_carries_reasoning() -> None:
@@ -110,3 +111,21 @@ def test_template_kwargs_may_not_set_what_the_server_sets(name: str) -> None:
 def test_template_kwargs_are_bounded() -> None:
     error = _error(chat_template_kwargs={"x": "y" * MAX_TEMPLATE_KWARGS_BYTES})
     assert error["loc"] == ("chat_template_kwargs",) and "at most" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"date": "\ud800"}, "surrogate"),
+        ({"n": 2**64}, "64 bits"),
+        ({"deep": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}, "levels deep"),
+        # Counted in bytes: 6,000 three-byte characters are 18,000 bytes.
+        ({"x": "€" * 6000}, "at most"),
+        ({"return_assistant_tokens_mask": True}, "may not set"),
+    ],
+)
+def test_template_kwargs_the_engine_could_not_take_are_refused(
+    kwargs: dict[str, Any], words: str
+) -> None:
+    error = _error(chat_template_kwargs=kwargs)
+    assert error["loc"] == ("chat_template_kwargs",) and words in error["msg"]

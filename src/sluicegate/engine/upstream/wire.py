@@ -153,14 +153,10 @@ def _structured(structured: StructuredOutput) -> dict[str, Any]:
 
 def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message as OpenAI's wire has it: tool-call arguments as JSON text (templates take
-    them parsed), and an assistant's thoughts under both names (vLLM reads `reasoning`,
-    llama.cpp and DeepSeek's API `reasoning_content`; vLLM drops the second)."""
+    them parsed). An assistant's thoughts go under the name the client sent them with
+    (`reasoning`, vLLM's; `reasoning_content`, llama.cpp's): DeepSeek's API refuses
+    `reasoning_content` in input and OpenAI's fields it does not know, so none is added."""
     wired = dict(message)
-    thought = wired.get("reasoning")
-    if thought is None:
-        thought = wired.get("reasoning_content")
-    if thought is not None:
-        wired["reasoning"] = wired["reasoning_content"] = thought
     calls = message.get("tool_calls")
     if not calls:
         return wired
