@@ -226,7 +226,9 @@ class ChatFormat(_Envelope):
                 for id_, name, args in calls
             ]
         elif self.tools.mode not in ("required", "named"):
-            message["content"] = message["content"] or ""
+            # Null for an answer that was all thoughts, as without tools.
+            empty = None if self.reasons and not choice.text else ""
+            message["content"] = message["content"] or empty
         return {"message": message, "finish_reason": self._finish_reason(stream, reason)}
 
     def _finish_reason(self, stream: ToolStream, reason: str | None) -> str | None:

@@ -146,3 +146,13 @@ def test_include_reasoning_false_leaves_the_logprobs_out_too() -> None:
     assert fmt.response(collector.completion(3))["choices"][0]["logprobs"] is None
     shown = chat_format("m", False, reasons=True).response(collector.completion(3))
     assert shown["choices"][0]["logprobs"] is not None
+
+
+def test_an_answer_of_thoughts_alone_has_null_content_with_tools_offered_too() -> None:
+    tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
+    collector = Collector([0])
+    collector.add(ChoiceDelta(0, "", 2, "length", reasoning="Paris is", reasoning_tokens=2))
+    fmt = chat_format("m", False, ToolSetup(tools, "auto"), reasons=True)
+    assert fmt.response(collector.completion(7))["choices"][0]["message"]["content"] is None
+    plain = chat_format("m", False, ToolSetup(tools, "auto"))
+    assert plain.response(collector.completion(7))["choices"][0]["message"]["content"] == ""
