@@ -13,12 +13,17 @@ sluicegate / vLLM.
     .venv/bin/python bench/compare_vllm.py --rounds 4       # pooled over four rounds
     .venv/bin/python bench/compare_vllm.py --lora           # to a LoRA adapter, on both
     .venv/bin/python bench/compare_vllm.py --api messages   # Anthropic's /v1/messages, on both
+    .venv/bin/python bench/compare_vllm.py --reasoning      # a reasoning model, split on both
 
 With `--lora`, a rank-8 adapter made here with peft (`tests/support/adapters.py`) is loaded
 by both servers at start-up (vLLM's `--lora-modules`, sluicegate's `LORA_MODULES`), and every
 request names it. With `--api messages`, the same prompts go to both servers' `/v1/messages`,
 streamed and greedy (`bench/messages_backend.py`): Anthropic's API has no `ignore_eos`, so
-answers end where the model stops, at the same token on both.
+answers end where the model stops, at the same token on both. With `--reasoning`, both serve
+the reasoning variant of the bundled model (`tests/support/reasoning_model.py`) with vLLM's
+`step3` parser and the variant's template (vLLM's `--reasoning-parser`, sluicegate's
+`REASONING_PARSER`): each answer's first sentence is thoughts, split from the rest on both
+servers (vLLM's benchmark takes a first chunk of thoughts as the first token).
 
 Absolute numbers drift between machines and runs; the ratios are the result.
 """
@@ -50,6 +55,7 @@ HEADERS = (
     "req/s", "out tok/s", "median TTFT ms", "mean TTFT ms", "P99 TTFT ms", "median TPOT ms",
 )  # fmt: skip
 KINDS = ("vllm", "sluicegate")
+PARSER_NOTE = "step3 parser on both"
 # The warm-up's prompts; each level of each round draws its own (`level_seed`, always >= 1).
 WARMUP_SEED = 0
 # First tokens closer than this came out of one engine step (a prefill step of one 128-token
@@ -70,6 +76,12 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -> list[str]:
     lora = f"{ADAPTER}={args.adapter_path}" if args.adapter_path else None
     servers = args.api_servers
+    # The same flags on both: sluicegate takes every setting as a flag of vLLM's spelling.
+    reasoning = (
+        ["--reasoning-parser", args.reasoning_parser, "--chat-template", args.chat_template]
+        if args.reasoning_parser
+        else []
+    )
     if kind == "vllm":
         adapter = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", lora] if lora else []
         several = ["--api-server-count", str(servers)] if servers > 1 else []
@@ -77,7 +89,7 @@ def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model, "--served-model-name", args.name,
             "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
-            *engine_flags(args), *adapter, *several,
+            *engine_flags(args), *adapter, *several, *reasoning,
         ]  # fmt: skip
     adapter = ["--max-lora-rank", "8", "--lora-modules", lora] if lora else []
     # Several workers need Redis (the Responses store); nothing here is cached.
@@ -88,7 +100,7 @@ def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -
         "--port", str(port), "--max-model-len", str(args.max_model_len),
         "--dtype", "float32", "--enforce-eager",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-        "--enable-prefix-caching", *adapter, *several,
+        "--enable-prefix-caching", *adapter, *several, *reasoning,
     ]  # fmt: skip
 
 
@@ -476,11 +488,25 @@ def parse_args(
         action="store_true",
         help="both servers load a LoRA adapter made here, and every request names it",
     )
+    parser.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="both servers serve a reasoning variant of the bundled model made here, and split "
+        "its thoughts with vLLM's step3 parser",
+    )
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     args.adapter_path = None
+    args.reasoning_parser = args.chat_template = None
+    if args.reasoning:
+        sys.path.insert(0, str(ROOT))
+        from tests.support.reasoning_model import PARSER, TEMPLATE_FILE, reasoning_model
+
+        args.model = str(reasoning_model())
+        args.reasoning_parser = PARSER
+        args.chat_template = str(Path(args.model) / TEMPLATE_FILE)
     if args.lora:
         sys.path.insert(0, str(ROOT))
         from tests.support.adapters import make_adapters
@@ -503,6 +529,9 @@ def main() -> None:
     if args.lora:
         shape += f"; every request to the LoRA adapter {ADAPTER} (rank 8)"
     name = "compare-lora" if args.lora else "compare"
+    if args.reasoning:
+        shape += f"; a reasoning model (the bundled one taught `</think>`, vLLM's {PARSER_NOTE})"
+        name += "-reasoning"
     if args.api == "messages":
         shape = f"/v1/messages streamed, greedy; {args.input_len} tokens in, up to "
         shape += f"{args.output_len} out"

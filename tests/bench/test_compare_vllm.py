@@ -6,8 +6,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+# The benchmark imports its sibling modules as a script does (`bench/` first on the path),
+# whether or not another test module put it there first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
 from bench.compare_vllm import (
     first_token_groups,
     level_seed,
