@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.access_log import refusal_times
 from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
@@ -43,22 +44,6 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     }
     with running_gateway(tmp_path_factory.mktemp("overload"), env=env) as gateway:
         yield gateway
-
-
-def refusal_times(gateway: GatewayProcess, log_start: int, count: int) -> list[float]:
-    """The 503s' times in the gateway (ms, sorted), from its JSON access lines since
-    `log_start`, once `count` of them are written (a line may follow its answer), or 10 s."""
-    deadline = time.monotonic() + 10
-    while True:
-        lines = [
-            json.loads(line)
-            for line in gateway.log()[log_start:].splitlines()
-            if line.startswith("{")
-        ]
-        times = sorted(float(line["total_ms"]) for line in lines if line.get("status") == 503)
-        if len(times) >= count or time.monotonic() > deadline:
-            return times
-        time.sleep(0.05)
 
 
 def assert_no_refusal_stalled(times: list[float], count: int, measured: str) -> None:

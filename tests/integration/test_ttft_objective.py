@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.access_log import refusal_times
 from tests.support.gateway import MODEL_NAME, GatewayProcess, running_gateway
 from tests.support.metrics import metric_value
 
@@ -23,7 +24,10 @@ BURST = 64
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     with running_gateway(
         tmp_path_factory.mktemp("ttft-objective"),
-        env={"SLUICEGATE_TTFT_OBJECTIVE": str(OBJECTIVE_S)},
+        env={
+            "SLUICEGATE_TTFT_OBJECTIVE": str(OBJECTIVE_S),
+            "SLUICEGATE_LOG_FORMAT": "json",  # the access lines give each request's time
+        },
     ) as gateway:
         yield gateway
 
@@ -82,6 +86,7 @@ async def test_a_burst_past_the_objective_is_refused_at_once_and_the_rest_keeps_
                 await asyncio.sleep(1.1)
                 status, _, _, whole = await ask(client, 1000 + i)
             assert (status, whole) == (200, True)
+        log_start = len(guarded.log())
         results = await asyncio.gather(*(ask(client, i) for i in range(BURST)))
     admitted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] != 200]
@@ -92,14 +97,20 @@ async def test_a_burst_past_the_objective_is_refused_at_once_and_the_rest_keeps_
     # Refused before any engine work, while the admitted ones are being prefilled: a refusal
     # later than the objective itself would be of no use to the client (how fast they are
     # is measured, with the refusals' P50 and P99, by bench/goodput.py, not asserted here).
+    # Timed in the gateway, from each request's arrival (its access line): the client's own
+    # view adds the time it takes to start 64 requests, 1.4 s once on a busy machine.
     assert len(admitted) <= BURST // 4, len(admitted)
     counted = metric_value(guarded.url, "sluicegate_admission_refused_total",
                            reason="ttft_objective") - refused_before  # fmt: skip
     waits = sorted(t for _, t, _, _ in refused)
-    assert statistics.median(waits) < OBJECTIVE_S, (
-        f"{len(refused)} refusals from the client: median {statistics.median(waits):.2f} s, "
-        f"max {waits[-1]:.2f} s; the gateway counted {counted:g} refused for the objective"
+    times = refusal_times(guarded, log_start, len(refused))
+    measured = (
+        f"{len(refused)} refusals: in the gateway median {statistics.median(times):.0f} ms, "
+        f"max {times[-1]:.0f} ms; from the client median {statistics.median(waits):.2f} s; "
+        f"the gateway counted {counted:g} refused for the objective"
     )
+    assert len(times) == len(refused), measured
+    assert statistics.median(times) < OBJECTIVE_S * 1000, measured
     # Not asserted: that every admitted first token came within the objective. A burst that
     # lands during an engine step waits for that step, which the estimate does not foresee;
     # here the admitted came 6 to 27% past 1 s (docs/operations.md says so; issue 22).

@@ -1,0 +1,26 @@
+"""A gateway's own account of its requests: the JSON access lines it writes
+(`SLUICEGATE_LOG_FORMAT=json`), read by tests that time what the gateway did rather than what
+a client on a busy machine saw."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.support.gateway import GatewayProcess
+
+
+def refusal_times(gateway: GatewayProcess, log_start: int, count: int) -> list[float]:
+    """The 503s' times in the gateway (ms, sorted), from its JSON access lines since
+    `log_start`, once `count` of them are written (a line may follow its answer), or 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [
+            json.loads(line)
+            for line in gateway.log()[log_start:].splitlines()
+            if line.startswith("{")
+        ]
+        times = sorted(float(line["total_ms"]) for line in lines if line.get("status") == 503)
+        if len(times) >= count or time.monotonic() > deadline:
+            return times
+        time.sleep(0.05)
