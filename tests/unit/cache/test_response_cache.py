@@ -47,25 +47,9 @@ def answer(body: dict[str, Any]) -> Any:
     return {k: v for k, v in body.items() if k not in {"id", "created"}}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store_settings(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
-    if request.param == "memory":
-        return {}
-    return redis_cache(prefix)
-
-
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(words=["Hello", " there", ",", " friend", "!"], max_model_len=256)
-
-
-@pytest.fixture
-async def http(
-    engine: FakeEngine, store_settings: dict[str, object]
-) -> AsyncIterator[httpx.AsyncClient]:
-    with serve_in_thread(fake_app(engine, **store_settings)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            yield client
 
 
 async def test_second_identical_request_is_a_hit_with_the_original_usage(

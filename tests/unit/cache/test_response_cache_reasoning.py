@@ -6,7 +6,6 @@ thoughts and their count."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,11 +13,8 @@ import pytest
 
 from tests.support.fakes import (
     FakeEngine,
-    fake_app,
     greedy_chat,
     post,
-    redis_cache,
-    serve_in_thread,
 )
 from tests.support.sse import sse_payloads
 
@@ -26,23 +22,9 @@ THOUGHTS = ["Two", " and", " two."]
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store_settings(request: pytest.FixtureRequest, prefix: str) -> dict[str, object]:
-    return {} if request.param == "memory" else redis_cache(prefix)
-
-
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(words=["Four", "."], reasoning_words=THOUGHTS, max_model_len=256)
-
-
-@pytest.fixture
-async def http(
-    engine: FakeEngine, store_settings: dict[str, object]
-) -> AsyncIterator[httpx.AsyncClient]:
-    with serve_in_thread(fake_app(engine, **store_settings)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            yield client
 
 
 def _streamed(text: str) -> tuple[list[str], str, dict[str, Any]]:

@@ -13,36 +13,7 @@ import pytest
 
 from sluicegate.engine.protocol import Prompt, SamplingOptions
 from sluicegate.engine.vllm_engine import VLLMEngine
-
-
-class RecordingLLM:
-    """Answers every request with one finished output of one token."""
-
-    errored = False
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any, str]] = []
-        self.priorities: list[int] = []
-        self.loras: list[Any] = []
-
-    async def generate(
-        self,
-        prompt: Any,
-        params: Any,
-        request_id: str,
-        *,
-        priority: int = 0,
-        lora_request: Any = None,
-    ) -> AsyncIterator[Any]:
-        self.calls.append((prompt, params, request_id))
-        self.loras.append(lora_request)
-        self.priorities.append(priority)
-        output = SimpleNamespace(
-            index=0, text="Hi", token_ids=[7], finish_reason="length", logprobs=None
-        )
-        yield SimpleNamespace(
-            outputs=[output], prompt_token_ids=[1, 2, 3], finished=True, metrics=None
-        )
+from tests.support.recording_llm import RecordingLLM
 
 
 async def test_the_prompt_goes_as_token_ids_with_the_gateways_arrival_time() -> None:

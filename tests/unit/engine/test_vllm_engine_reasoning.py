@@ -4,43 +4,13 @@ that records its calls; the real engine runs in tests/integration/reasoning/).""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sluicegate.engine.protocol import Prompt, ReasoningOptions, SamplingOptions
 from sluicegate.engine.vllm_engine import EngineConfig, VLLMEngine, engine_arguments
-
-
-class RecordingLLM:
-    """Answers with one finished output of two tokens, recording the reasoning arguments."""
-
-    errored = False
-
-    def __init__(self) -> None:
-        self.extra: list[dict[str, Any]] = []
-        self.params: list[Any] = []
-
-    async def generate(
-        self,
-        prompt: Any,
-        params: Any,
-        request_id: str,
-        *,
-        priority: int = 0,
-        lora_request: Any = None,
-        **extra: Any,
-    ) -> AsyncIterator[Any]:
-        self.extra.append(extra)
-        self.params.append(params)
-        output = SimpleNamespace(
-            index=0, text="Hi.", token_ids=[7, 8], finish_reason="stop", logprobs=None
-        )
-        yield SimpleNamespace(
-            outputs=[output], prompt_token_ids=prompt["prompt_token_ids"], finished=True,
-            metrics=None,
-        )  # fmt: skip
+from tests.support.recording_llm import RecordingLLM
 
 
 class ClosingParser:
@@ -69,7 +39,7 @@ def test_the_engine_core_gets_the_parser() -> None:
 
 
 async def test_deltas_carry_their_token_ids_only_for_a_parser() -> None:
-    llm = RecordingLLM()
+    llm = RecordingLLM("Hi.", (7, 8), "stop")
     steps = await run(engine_with(llm, ClosingParser()), [1, 2], SamplingOptions(max_tokens=2))
     assert steps[0].choices[0].token_ids == [7, 8]
     steps = await run(engine_with(llm), [1, 2], SamplingOptions(max_tokens=2))
@@ -112,21 +82,21 @@ async def test_deltas_carry_their_token_ids_only_for_a_parser() -> None:
 async def test_the_reasoning_state_goes_to_vllm_as_its_server_sends_it(
     prompt: list[int], reasoning: ReasoningOptions | None, expected: dict[str, Any]
 ) -> None:
-    llm = RecordingLLM()
+    llm = RecordingLLM("Hi.", (7, 8), "stop")
     options = SamplingOptions(max_tokens=2, reasoning=reasoning)
     await run(engine_with(llm, ClosingParser()), prompt, options)
     assert llm.extra == [expected]
 
 
 async def test_no_parser_sends_no_reasoning_state() -> None:
-    llm = RecordingLLM()
+    llm = RecordingLLM("Hi.", (7, 8), "stop")
     options = SamplingOptions(max_tokens=2, reasoning=ReasoningOptions(include=False))
     await run(engine_with(llm), [1, 15], options)
     assert llm.extra == [{}]
 
 
 async def test_the_thinking_budget_goes_into_the_sampling_params() -> None:
-    llm = RecordingLLM()
+    llm = RecordingLLM("Hi.", (7, 8), "stop")
     options = SamplingOptions(max_tokens=2, reasoning=ReasoningOptions(budget=3))
     await run(engine_with(llm, ClosingParser()), [1], options)
     assert llm.params[0].thinking_token_budget == 3
