@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import httpx
 import numpy
+import psutil
 
 import messages_backend
 
@@ -340,15 +341,62 @@ def run_turns(model: str, args: argparse.Namespace) -> dict[str, list[dict[int, 
                 print(f"--- round {round_index + 1}, concurrency {level}: {kind}", flush=True)
                 thaw(processes[kind], ports[kind])
                 try:
-                    results[kind][round_index][level] = drive(
+                    server = psutil.Process(processes[kind].pid)
+                    before = cpu_seconds(server)
+                    result = drive(
                         ports[kind], model, level, args, seed=level_seed(round_index, level)
                     )
+                    after = cpu_seconds(server)
+                    result["cpu_seconds"] = {
+                        "front end": after[0] - before[0],
+                        "engine": after[1] - before[1],
+                    }
+                    results[kind][round_index][level] = result
                 finally:
                     freeze(processes[kind])
     finally:
         for process in processes.values():
             stop(process)
     return results
+
+
+def cpu_seconds(process: psutil.Process) -> tuple[float, float]:
+    """CPU seconds (user and system) used so far by `process`, and by its children together.
+    For a server: its front end (the process that serves HTTP, runs the engine's client,
+    detokenizes and splits: the one started here), and the engine core and its workers."""
+    own = process.cpu_times()
+    children = 0.0
+    for child in process.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        children += times.user + times.system
+    return own.user + own.system, children
+
+
+def cpu_table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
+    """Per level and server, CPU milliseconds per output token, front end and engine, over
+    all rounds: on a host whose cores the front end shares with the engine, every
+    millisecond the front end spends on a token is one the engine does not have."""
+    lines = [
+        "| concurrency | server | front-end CPU ms per token | engine CPU ms per token |",
+        "|---|---|---|---|",
+    ]
+    for level in levels:
+        per_token = {}
+        for kind, runs in results.items():
+            tokens = sum(sum(r[level]["output_lens"]) for r in runs)
+            used = [
+                sum(r[level]["cpu_seconds"][part] for r in runs) for part in ("front end", "engine")
+            ]
+            per_token[kind] = [1000 * u / tokens for u in used]
+            lines.append(
+                f"| {level} | {kind} | {per_token[kind][0]:.2f} | {per_token[kind][1]:.2f} |"
+            )
+        ratios = [s / v for s, v in zip(per_token["sluicegate"], per_token["vllm"], strict=True)]
+        lines.append(f"| {level} | **ratio** | **{ratios[0]:.2f}x** | **{ratios[1]:.2f}x** |")
+    return "\n".join(lines)
 
 
 def table(results: dict[str, list[dict[int, dict[str, Any]]]], levels: list[int]) -> str:
@@ -545,6 +593,7 @@ def main() -> None:
                 table(results, args.concurrency),
                 round_ratios(results, args.concurrency),
                 splits(results, args.concurrency),
+                cpu_table(results, args.concurrency),
             ]
         ),
     )

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import psutil
 
-from compare_vllm import RESULTS, machine, publish, stop, wait_ready
+from compare_vllm import RESULTS, cpu_seconds, machine, publish, stop, wait_ready
 
 VARIANTS = ("shipped", "on-loop")
 # What each variant's gateway is scraped at: the full exposition, and (shipped) the engine's
@@ -56,19 +56,6 @@ WARMUP_BODIES: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 8, "stream": True},
     {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4, "n": 2},
 ]
-
-
-def cpu_seconds(process: psutil.Process) -> tuple[float, float]:
-    """CPU seconds (user + system) of the gateway process, and of its children together."""
-    own = process.cpu_times()
-    children = 0.0
-    for child in process.children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        children += times.user + times.system
-    return own.user + own.system, children
 
 
 def warm_up(url: str, model: str) -> None:

@@ -7,7 +7,8 @@ process of its own) while `py-spy record` samples the gateway's main thread:
   fault_upstream.py, no delay), the response cache off: the pass-through path;
 - cache: the same gateway with the response cache on (`CACHE_POLICY=all`, its in-process
   store or `--redis-url`), every request a hit on one of 16 seeded prompts, half streamed;
-- engine: streamed chats of 64 tokens from the real in-process engine (the bundled model).
+- engine: streamed chats of 64 tokens from the real in-process engine (the bundled model;
+  with `--reasoning`, its reasoning variant, split by vLLM's `step3` parser).
 
 For each, the top functions by own samples and by samples under them (the share of all of
 the process's samples), and the collapsed stacks in bench/results/ for a flame graph
@@ -15,6 +16,7 @@ the process's samples), and the collapsed stacks in bench/results/ for a flame g
 
     .venv/bin/python bench/profile_hot_path.py                      # all three, 20 s each
     .venv/bin/python bench/profile_hot_path.py --paths upstream --seconds 30
+    .venv/bin/python bench/profile_hot_path.py --paths engine --reasoning
 """
 
 from __future__ import annotations
@@ -140,6 +142,11 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="samples a second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--redis-url", default=None)
+    parser.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="the engine path serves the reasoning variant of the bundled model, split",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     reports = []
@@ -151,6 +158,18 @@ def main() -> None:
                 env = {"SLUICEGATE_CACHE_POLICY": "off"}
                 if name != "engine":
                     env["SLUICEGATE_UPSTREAM_URLS"] = upstream.url
+                if name == "engine" and args.reasoning:
+                    from tests.support.reasoning_model import (
+                        PARSER,
+                        TEMPLATE_FILE,
+                        reasoning_model,
+                    )
+
+                    folder = reasoning_model()
+                    env["SLUICEGATE_MODEL"] = str(folder)
+                    env["SLUICEGATE_SERVED_MODEL_NAME"] = MODEL_NAME
+                    env["SLUICEGATE_REASONING_PARSER"] = PARSER
+                    env["SLUICEGATE_CHAT_TEMPLATE"] = str(folder / TEMPLATE_FILE)
                 if name == "cache":
                     env["SLUICEGATE_CACHE_POLICY"] = "all"
                     if args.redis_url:

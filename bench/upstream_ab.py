@@ -16,6 +16,7 @@ median of the rounds, and B's difference from A, round by round.
 
     .venv/bin/python bench/upstream_ab.py --a HEAD --b worktree
     .venv/bin/python bench/upstream_ab.py --a HEAD~1 --b HEAD --rounds 12 --requests 600
+    .venv/bin/python bench/upstream_ab.py --a HEAD --b worktree --reasoning 16  # thinking first
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, list[dict[str, Any]
         args.port, "--chunks", "32", "--delay", "0", log=RESULTS / "upstream-ab-upstream.log"
     )
     processes = []
+    if args.reasoning:
+        upstream.control(reasoning=[f" thought{i}." for i in range(args.reasoning)])
     try:
         targets = {
             "direct": Target("direct", f"{upstream.url}/chat/completions", upstream.process.pid)
@@ -81,7 +84,10 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, list[dict[str, Any]
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             targets[name] = Target(name, url, processes[-1].pid)
         load = argparse.Namespace(
-            requests_per_slot=args.requests, min_requests=args.requests, chunks=32
+            requests_per_slot=args.requests,
+            min_requests=args.requests,
+            chunks=32,
+            reasoning=args.reasoning,
         )
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
         names = list(targets)
@@ -139,6 +145,10 @@ def main() -> None:
     parser.add_argument("--a", default="HEAD", help="a revision, or 'worktree'")
     parser.add_argument("--b", default=WORKTREE, help="a revision, or 'worktree'")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--reasoning", type=int, default=0,
+        help="chunks of thought the upstream streams first (vLLM's `reasoning` deltas)",
+    )  # fmt: skip
     parser.add_argument("--requests", type=int, default=600, help="streams per turn")
     parser.add_argument("--port", type=int, default=8840, help="upstream; A and B on +1, +2")
     args = parser.parse_args()
@@ -149,6 +159,8 @@ def main() -> None:
         f"Machine: {machine()}; {args.rounds} rounds of {args.requests} streamed chat "
         f"completions of 32 chunks at concurrency 1; {time.strftime('%Y-%m-%d')}"
     )
+    if args.reasoning:
+        heading += f"; the upstream thinks first: {args.reasoning} chunks of `reasoning`"
     publish("upstream-ab", heading, results, report(results, args))
 
 

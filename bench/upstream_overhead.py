@@ -36,6 +36,11 @@ the upstream for direct, the gateway alone otherwise) and P50 overheads round by
 
     .venv/bin/python bench/upstream_overhead.py                          # 1 and 100, 8 rounds
     .venv/bin/python bench/upstream_overhead.py --sluicegate-stand-in    # check the harness
+    .venv/bin/python bench/upstream_overhead.py --reasoning 16           # a reasoning model's
+
+With `--reasoning N` the upstream thinks first, as vLLM's server with a reasoning parser
+writes it: N `{"reasoning": ...}` chunks before the answer's (and the usage's
+`completion_tokens_details`); sluicegate passes such streams through as it does any other.
 """
 
 from __future__ import annotations
@@ -213,9 +218,12 @@ def usage_tokens(stream: bytes) -> int:
     return 0
 
 
-async def load(url: str, requests: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def load(
+    url: str, requests: int, concurrency: int, max_tokens: int, thoughts: int = 0
+) -> dict[str, Any]:
     """`requests` streams through `concurrency` workers, each sending its next as its last
-    ends; throughput over the whole turn."""
+    ends; throughput over the whole turn. Each must end whole, its usage counting its
+    `max_tokens` and the upstream's `thoughts` chunks."""
     connector = aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=None)
     timeout = aiohttp.ClientTimeout(total=120)
     readings: list[Reading] = []
@@ -229,7 +237,7 @@ async def load(url: str, requests: int, concurrency: int, max_tokens: int) -> di
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    broken = [r for r in readings if not r.complete or r.tokens != max_tokens]
+    broken = [r for r in readings if not r.complete or r.tokens != max_tokens + thoughts]
     if broken:
         raise SystemExit(f"{url}: {len(broken)} streams ended early or short")
     return {
@@ -248,9 +256,10 @@ def turn(target: Target, concurrency: int, args: argparse.Namespace) -> dict[str
     import uvloop
 
     requests = requests_at(concurrency, args)
-    uvloop.run(load(target.url, concurrency, concurrency, args.chunks))
+    thoughts = getattr(args, "reasoning", 0)
+    uvloop.run(load(target.url, concurrency, concurrency, args.chunks, thoughts))
     before = cpu_times(target.pid)
-    result = uvloop.run(load(target.url, requests, concurrency, args.chunks))
+    result = uvloop.run(load(target.url, requests, concurrency, args.chunks, thoughts))
     after = cpu_times(target.pid)
     ran = sum(a[0] - before[name][0] for name, a in after.items() if name in before)
     return {**result, "cpu_ms_per_request": 1000 * ran / requests}
@@ -277,6 +286,8 @@ def run(args: argparse.Namespace) -> Results:
             args.port, "--chunks", str(args.chunks), "--delay", "0",
             log=RESULTS / "upstream-overhead-upstream.log",
         )  # fmt: skip
+        if args.reasoning:
+            upstream.control(reasoning=[f" thought{i}." for i in range(args.reasoning)])
         direct = Target("direct", f"{upstream.url}/chat/completions", upstream.process.pid)
         targets = {"direct": direct}
         settings = VARIANTS[args.variant][0]
@@ -388,6 +399,10 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=100)
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument(
+        "--reasoning", type=int, default=0,
+        help="chunks of thought the upstream streams before the answer (vLLM's deltas)",
+    )  # fmt: skip
+    parser.add_argument(
         "--variant", choices=sorted(VARIANTS), default="httpcore",
         help="what the second sluicegate changes: its transport, or pass-through off",
     )  # fmt: skip
@@ -410,6 +425,8 @@ def main() -> None:
         + f"; {time.strftime('%Y-%m-%d')}"
     )
     heading += f"; second sluicegate: {args.variant}"
+    if args.reasoning:
+        heading += f"; the upstream thinks first: {args.reasoning} chunks of `reasoning`"
     publish(
         "upstream-overhead", heading, results,
         report(results, args.sluicegate_stand_in, args.variant),

@@ -42,6 +42,7 @@ HEAVY_MODULES = frozenset(
         "integration/test_upstream_vllm.py",
         # vLLM's own server beside the gateway, both on the reasoning variant of the model.
         "integration/reasoning/test_parity.py",
+        "integration/reasoning/test_agents.py",
         "browser/test_cors.py",
         "browser/test_playground.py",
         # One engine, in this lane to even the two out: on 2026-12-06 the other ran 23.2

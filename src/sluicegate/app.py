@@ -131,6 +131,9 @@ def create_app(
                 ledger=ledger,
                 usage=wiring.keys.usage_reader(settings, client),
                 key_labels=key_labels,
+                reasoning_seal=await wiring.reasoning.open_reasoning_seal(
+                    settings, client, worker.reasoning_key
+                ),
             )
             yield state.lifespan_state()
             logger.info("shutting down the engines")

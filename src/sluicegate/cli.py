@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(overrides: dict[str, Any]) -> int:
     from sluicegate.observability.logs import configure_logging
-    from sluicegate.server import PortError, hold_port, serve
+    from sluicegate.ports import PortError, hold_port
     from sluicegate.wiring.entries import uses_local_engine
 
     settings = load_settings(overrides)
@@ -115,6 +115,8 @@ def _serve(overrides: dict[str, Any]) -> int:
             from sluicegate.supervisor import supervise
 
             return supervise(settings, port)
+        from sluicegate.server import serve
+
         return serve(settings, sock=port.sock)
     except ServeError as exc:
         print(f"sluicegate: {exc}", file=sys.stderr)

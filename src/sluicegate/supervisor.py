@@ -4,7 +4,7 @@ One Python process serves on one core: HTTP, templating and tokenizing, SSE, cac
 upstream streams all share its event loop. The supervisor (this process) lets N workers share
 that work, as vLLM's `--api-server-count N` does for its own server:
 
-1. It takes the port (SO_REUSEPORT, after `server.hold_port` made sure no other gateway or
+1. It takes the port (SO_REUSEPORT, after `ports.hold_port` made sure no other gateway or
    server has it); each worker listens on it with a socket of its own, and
    the kernel spreads new connections over them (by a hash of the client's address and
    port). One socket shared by all would not: the worker already awake, busy with streams,
@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Any
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE
 from sluicegate.settings import Settings
-from sluicegate.worker import STOP_NOW
+from sluicegate.worker import STOP_NOW, Worker
 
 if TYPE_CHECKING:
     from sluicegate.counters import Board
-    from sluicegate.server import HeldPort
+    from sluicegate.ports import HeldPort
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _Stop:
 
 def supervise(settings: Settings, port: HeldPort | None = None) -> int:
     """Run `settings.workers` workers until they are stopped; the exit code as `serve`'s.
-    `port`: the port, held already (`server.hold_port`; taken here if not): the workers join
+    `port`: the port, held already (`ports.hold_port`; taken here if not): the workers join
     it with listening sockets of their own (`server.run_worker`), and only listening sockets
     receive connections."""
     metrics_dir = tempfile.mkdtemp(prefix="sluicegate-metrics-")
@@ -96,7 +96,7 @@ def supervise(settings: Settings, port: HeldPort | None = None) -> int:
     signal.signal(signal.SIGTERM, stop.handle)
     signal.signal(signal.SIGINT, stop.handle)
     if port is None:
-        from sluicegate.server import hold_port
+        from sluicegate.ports import hold_port
 
         port = hold_port(settings)
     cores: dict[str, Any] = {}
@@ -139,9 +139,9 @@ def _start(
     into `cores` and `workers`; what they share into `shared`. Returns the pipes on which each
     worker says that it is serving (`Worker.now_serving`), and the workers' heartbeats."""
     from sluicegate.counters import Board, SharedTally
-    from sluicegate.server import run_worker
     from sluicegate.wiring.entries import local_engine_configs
-    from sluicegate.worker import GENERATIVE, Worker
+    from sluicegate.wiring.reasoning import workers_key
+    from sluicegate.worker import GENERATIVE
 
     count = settings.workers
     context = multiprocessing.get_context("spawn")
@@ -161,6 +161,7 @@ def _start(
             size = LoadMeter.board_size(getattr(config, "data_parallel_size", 1))
             boards[kind] = Board.shared(size, context)
     announcing: list[Connection] = []
+    reasoning_key = workers_key(settings)
     for index in range(count):
         reader, writer = context.Pipe(duplex=False)
         worker = Worker(
@@ -171,9 +172,10 @@ def _start(
             boards=boards,
             serving=writer,
             heartbeats=heartbeats,
+            reasoning_key=reasoning_key,
         )
         process = context.Process(
-            target=run_worker,
+            target=_run_worker,
             name=f"sluicegate-worker-{index}",
             args=(settings, worker),
         )
@@ -186,6 +188,15 @@ def _start(
         core.handed_over()
         core.watch(workers)
     return announcing, heartbeats
+
+
+def _run_worker(settings: Settings, worker: Worker) -> None:
+    """A worker process's entry point: `server.run_worker`, imported there, so that the
+    supervisor itself never loads the app (a second or more of start-up before any worker
+    begins its own)."""
+    from sluicegate.server import run_worker
+
+    run_worker(settings, worker)
 
 
 @contextlib.contextmanager

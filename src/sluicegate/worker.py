@@ -47,6 +47,9 @@ class Worker:
     heartbeats: Board | None = None
     """Each worker's latest turn of its event loop (monotonic seconds; +inf: not watched),
     which the supervisor watches for a worker that stopped answering."""
+    reasoning_key: bytes | None = field(default=None, repr=False)
+    """A key the supervisor made for its workers to sign thoughts with alike, when neither
+    `REASONING_KEY` nor Redis gives one (`wiring.reasoning`)."""
 
     _on_core_death: list[Callable[[], None]] = field(default_factory=list, repr=False)
 

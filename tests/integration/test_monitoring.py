@@ -356,6 +356,19 @@ async def drive_upstream_load(url: str, seconds: float) -> LoadReport:
             )
             report.add("budgeted", budgeted.status_code)
             await asyncio.sleep(1)
+        # The budgeted key on, until its budget refuses it: a loaded machine once left the
+        # load above time for two turns only (a first answer took 27 s), so the key was never
+        # refused and the budget's series had no refusal to show.
+        for turn in range(20):
+            if report.statuses.get("budgeted", [200])[-1] == 429:
+                break
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": f"Count to {turn}."}],
+                "max_tokens": 6,
+            }
+            budgeted = await http.post(f"{url}/v1/chat/completions", json=body, headers=keys[1])
+            report.add("budgeted", budgeted.status_code)
     return report
 
 

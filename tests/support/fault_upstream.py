@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -93,7 +94,7 @@ import sys
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field
 from itertools import count
 from pathlib import Path
@@ -988,3 +989,16 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@contextlib.contextmanager
+def running(log: Path, *flags: str, **control: Any) -> Iterator[FaultUpstreamProcess]:
+    """`start` on a port of its own, logging to `log`, with `control` set (`reasoning`,
+    `words`, ...), stopped when the block ends however it ends."""
+    process = start(0, *flags, log=log)
+    try:
+        if control:
+            process.control(**control)
+        yield process
+    finally:
+        process.stop()

@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 PORT_TAKEN = ("sluicegate: cannot take 127.0.0.1:", "is taken by another sluicegate gateway")
-"""What `sluicegate serve` says when it stops because its port is taken (`server.hold_port`,
+"""What `sluicegate serve` says when it stops because its port is taken (`ports.hold_port`,
 before any engine starts)."""
 
 PORT_TRIES = 3

@@ -165,7 +165,7 @@ def test_the_diagram_check_fails_on_a_name_missing_or_out_of_order() -> None:
     text = ARCHITECTURE.read_text()
     assert diagram_layers(text) == contract_layers()
     for wrong in (
-        text.replace("\nworker\n", "\n"),
+        text.replace("\nworker | ports\n", "\n"),
         text.replace("\napp\nwiring\n", "\nwiring\napp\n"),
     ):
         assert diagram_layers(wrong) != contract_layers()

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from sluicegate.lifecycle import ENGINE_DEATH_EXIT_CODE, Lifecycle
+from sluicegate.ports import bind_socket
 from sluicegate.server import (
     DrainingServer,
-    bind_socket,
     exposure_warning,
     server_config,
     worker_socket,
@@ -407,7 +407,7 @@ def test_a_second_serve_on_a_port_in_use_fails_at_once_naming_it(
     port = free_port()
     held: list[Any] = []
     if occupant == "gateway":
-        from sluicegate.server import hold_port
+        from sluicegate.ports import hold_port
 
         held.append(hold_port(Settings(port=port, _env_file=None)))  # type: ignore[call-arg]
     else:
@@ -426,7 +426,7 @@ def test_a_second_serve_on_a_port_in_use_fails_at_once_naming_it(
 
 
 def test_a_gateways_port_is_free_again_once_it_is_let_go() -> None:
-    from sluicegate.server import PortError, hold_port
+    from sluicegate.ports import PortError, hold_port
 
     port = free_port()
     settings = Settings(port=port, workers=2, redis_url="redis://r", _env_file=None)  # type: ignore[call-arg]
@@ -445,7 +445,7 @@ def test_a_process_forked_from_a_gateway_does_not_keep_its_port_lock() -> None:
     gateway ended, and its restart would find the port taken."""
     import multiprocessing
 
-    from sluicegate.server import hold_port
+    from sluicegate.ports import hold_port
 
     settings = Settings(port=free_port(), _env_file=None)  # type: ignore[call-arg]
     held = hold_port(settings)

@@ -43,3 +43,20 @@ def test_redacted_urls_keep_where_they_point_and_nothing_that_may_be_secret() ->
     assert redact_url("http://u:pa/ss@h/v1?x=1#y") == "http://***@h/v1?***"
     assert redact_url("https://h/v1#token") == "https://h/v1?***"
     assert redact_url(" http://h:8000/v1 ") == "http://h:8000/v1"
+
+
+def test_a_reasoning_parser_for_upstream_urls_needs_their_tokenizer() -> None:
+    from pydantic import ValidationError
+
+    from sluicegate.settings import Settings
+
+    with pytest.raises(ValidationError, match="needs SLUICEGATE_TOKENIZER"):
+        Settings(  # type: ignore[call-arg]
+            _env_file=None, upstream_urls="http://10.0.0.1:8000/v1", reasoning_parser="qwen3"
+        )
+    Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        upstream_urls="http://10.0.0.1:8000/v1",
+        reasoning_parser="qwen3",
+        tokenizer="/models/q",
+    )

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ import psutil
 from tests.support import fault_upstream
 from tests.support.gateway import (
     GatewayProcess,
+    free_port,
+    gateway_env,
     launch_gateway,
     wait_until_ready,
 )
@@ -84,3 +87,40 @@ def test_workers_that_answer_are_left_alone(tmp_path: Path) -> None:
             gateway.process.wait(5)
         assert gateway.process.poll() is None
         assert "has not run its event loop" not in gateway.log()
+
+
+_UP_TO_THE_FIRST_WORKER = """
+import multiprocessing.context, os, sys
+from sluicegate import cli
+
+def start(process):
+    loaded = ("fastapi", "starlette", "uvicorn", "sluicegate.app", "sluicegate.server")
+    print(",".join(m for m in loaded if m in sys.modules) or "nothing", flush=True)
+    os._exit(0)
+
+multiprocessing.context.SpawnProcess.start = start
+sys.exit(cli.main(["serve", "--workers", "2"]))
+"""
+"""`sluicegate serve --workers 2` up to the moment its supervisor starts the first worker,
+which prints what of the app the supervisor had loaded by then."""
+
+
+def test_the_supervisor_starts_its_workers_without_loading_the_app() -> None:
+    # Every worker loads the app; a supervisor that did too would add its own second or more
+    # of imports, on the same cores, before any worker began (ran: ci, every multi-worker
+    # start in the suite).
+    env = gateway_env(
+        {
+            "SLUICEGATE_UPSTREAM_URLS": "http://127.0.0.1:9/v1",
+            "SLUICEGATE_REDIS_URL": shared_redis_url(),
+            "SLUICEGATE_PORT": str(free_port()),
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _UP_TO_THE_FIRST_WORKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == "nothing", (done.stdout, done.stderr[-2000:])

@@ -199,3 +199,27 @@ def test_a_missing_template_file_is_refused_at_start(tmp_path: Path) -> None:
 
     with pytest.raises(ValidationError):
         settings(chat_template=tmp_path / "missing.jinja")
+
+
+def test_a_pool_takes_its_entrys_reasoning_parser_or_the_setting_for_upstream_urls() -> None:
+    from sluicegate.models.config import ModelEntry, UpstreamEntry
+
+    entry = ModelEntry(
+        name="r1",
+        upstreams=[UpstreamEntry(url="http://10.0.0.1:8000/v1")],
+        tokenizer="/models/r1",
+        reasoning_parser="deepseek_r1",
+    )
+    assert wiring.upstream_config(settings(), entry).reasoning_parser == "deepseek_r1"
+    assert wiring.upstream_config(settings(reasoning_parser="qwen3"), entry).reasoning_parser == (
+        "deepseek_r1"
+    )
+    plain = entry.model_copy(update={"reasoning_parser": None})
+    pooled = wiring.upstream_config(settings(reasoning_parser="qwen3"), plain)
+    assert pooled.reasoning_parser is None
+    shorthand = settings(
+        upstream_urls="http://10.0.0.1:8000/v1", tokenizer="/models/q", reasoning_parser="qwen3"
+    )
+    assert wiring.upstream_config(shorthand).reasoning_parser == "qwen3"
+    none = settings(upstream_urls="http://10.0.0.1:8000/v1", reasoning_parser="none")
+    assert wiring.upstream_config(none).reasoning_parser is None

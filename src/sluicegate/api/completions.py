@@ -277,16 +277,21 @@ class Exchange:
             self.run, on_finish=self._finish, deltas=deltas, on_end=self._settle
         )
         writer = stream_writer(self.run.format)
-        keepalive = None
+        timeouts = self.state.timeouts
+        # Silent for `keepalive` seconds, mid-stream or before the first event, a stream
+        # sends its ping; Anthropic's begins sooner, with events of its own (`message_start`).
+        every = timeouts.keepalive
         if opens_early(writer):
-            every = self.state.timeouts.ping_after
-            keepalive = Keepalive(writer.opening, writer.ping(), after=every, every=every)
+            early = min(timeouts.ping_after, every)
+            keepalive = Keepalive(writer.ping(), every, after=early, opening=writer.opening)
+        else:
+            keepalive = Keepalive(writer.ping(), every, after=every)
         return await open_event_stream(
             self.request.receive,
             events,
             headers=self.headers,
             deadline=self.deadline,
-            stall_limit=self.state.timeouts.stream_stall,
+            stall_limit=timeouts.stream_stall,
             ending=writer,
             keepalive=keepalive,
         )

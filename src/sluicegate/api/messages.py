@@ -4,7 +4,10 @@ A Messages request runs as a chat completion: its turns and parameters become a 
 (`wire.messages.chat_body`), which is prepared on its model and answered by the same
 `Exchange` as `/v1/chat/completions` (keys, rate limits, cache, token budget, fallbacks,
 metrics, traces), rendered as a message object or Anthropic's stream events
-(`wire.message_format`). Errors on these paths are in Anthropic's shape, with its statuses
+(`wire.message_format`), its thoughts signed by the gateway's seal (`AppState.reasoning_seal`).
+Thinking blocks sent back in assistant turns are verified against that seal here, on the
+event loop, before any engine work (the conversion may have run in a worker process, which
+holds no key). Errors on these paths are in Anthropic's shape, with its statuses
 (`http.errors.rendered`); the key may come as `x-api-key` (`http.auth`), and the
 `anthropic-version` and `anthropic-beta` headers are taken and need nothing.
 """
@@ -12,7 +15,7 @@ metrics, traces), rendered as a message object or Anthropic's stream events
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,17 +24,20 @@ from fastapi.responses import JSONResponse, Response
 from sluicegate.api.completions import Prepared, respond
 from sluicegate.api.deps import StateDep, models_for
 from sluicegate.api.route import CountedRoute, LargeBodyRoute
+from sluicegate.engine.protocol import EngineClient
 from sluicegate.errors import InvalidRequestError
 from sluicegate.http.errors import validated
 from sluicegate.models.served import ServedModel
 from sluicegate.wire.message_body import MessageEnvelope
 from sluicegate.wire.message_format import MessagesFormat
+from sluicegate.wire.message_thinking import SignedThought
 from sluicegate.wire.messages import (
     CountTokensRequest,
     MessagesRequest,
     UnsupportedBlockError,
     param_for,
 )
+from sluicegate.wire.reasoning_seal import ReasoningSeal
 from sluicegate.wire.requests import ChatCompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["messages"], route_class=LargeBodyRoute)
@@ -41,17 +47,48 @@ counting = APIRouter(prefix="/v1", tags=["messages"], route_class=CountedRoute)
 @router.post("/messages", response_model=None)
 async def create_message(body: MessagesRequest, request: Request, state: StateDep) -> Response:
     chat = chat_request(body.chat_body)
+    seal = state.reasoning_seal
+    verify_thoughts(body.signed_thoughts(), seal)
 
     async def prepare(model: ServedModel) -> Prepared:
         try:
-            run = await model.service.prepare_chat(chat)
+            run = await model.service.prepare_chat(for_engine(chat, model.engine))
         except InvalidRequestError as exc:
             exc.param = None if exc.param is None else param_for(exc.param)
             raise
-        fmt = MessagesFormat(run.format, MessageEnvelope(model.name), run.prompt_tokens)
+        envelope = MessageEnvelope(model.name, seal)
+        fmt = MessagesFormat(run.format, envelope, run.prompt_tokens)
         return Prepared(dataclasses.replace(run, format=fmt))
 
     return await respond(body.model, body.stream, request, state, prepare)
+
+
+def verify_thoughts(thoughts: Iterable[SignedThought], seal: ReasoningSeal) -> None:
+    """Refuses a thinking block this gateway did not sign for its text: what comes back is put
+    into the prompt as the model's own thoughts."""
+    for thought in thoughts:
+        if not seal.verify_digest(thought.digest, thought.signature):
+            raise InvalidRequestError(
+                f"{thought.param}: this thinking block's signature is not this server's for "
+                "its text. Send thinking blocks back as they came, or leave them out.",
+                param=thought.param,
+            )
+
+
+def for_engine(chat: ChatCompletionRequest, engine: EngineClient) -> ChatCompletionRequest:
+    """`chat` as `engine` can take it: the thinking budget goes to an engine that bounds
+    thoughts it parses (the in-process one with a reasoning parser) and to an upstream that
+    splits its own (which decides, as its own `/v1/messages` would). The in-process engine
+    without a parser cannot tell thoughts apart (vLLM refuses the budget there), nor can an
+    upstream whose thoughts the gateway splits (`reasoning_parser:` in the models file: vLLM
+    without `--reasoning-parser` refuses it too): the request runs without it."""
+    if chat.thinking_token_budget is None:
+        return chat
+    splits_itself = engine.renders_chat and engine.reasoning_parser is None
+    bounds_them = not engine.renders_chat and engine.reasoning_parser is not None
+    if splits_itself or bounds_them:
+        return chat
+    return chat.model_copy(update={"thinking_token_budget": None})
 
 
 @counting.post("/messages/count_tokens", response_model=None)
@@ -68,9 +105,9 @@ async def count_tokens(body: CountTokensRequest, request: Request, state: StateD
 
 def chat_request(make: Callable[[], dict[str, Any]]) -> ChatCompletionRequest:
     """The chat request `make()` builds, validated; what it refuses is a 400 naming the
-    Messages parameter."""
+    Messages parameter (in its message too: Anthropic's error has no `param`)."""
     try:
         body = make()
     except UnsupportedBlockError as exc:
-        raise InvalidRequestError(str(exc), param=exc.param) from None
+        raise InvalidRequestError(f"{exc.param}: {exc}", param=exc.param) from None
     return validated(ChatCompletionRequest, body, param_for)

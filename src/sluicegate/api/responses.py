@@ -10,6 +10,15 @@ kept (`conversation.store`) once answered; a store that fails then is logged, an
 still goes out (it is already rendered; the client learns of it when it reads the response).
 The conversation kept is the one the prompt holds: with `truncation: "auto"`, as fitted. One
 the store cannot take (larger than a record may be) is answered with `store: false`.
+
+Reasoning items sent back sealed are opened here, on the event loop, before anything else
+(`ResponsesRequest.opened`): a forged one is refused before the store or the engine is asked.
+Not in the worker process that parses large bodies (`api.route`): the seal's keys stay in
+this process. The work is bounded by the body's size limit (`MAX_REQUEST_BYTES`) and cost
+about 11 ms per MB of sealed text on a 2-core CI machine, mostly base64 decoding (GIL held)
+(a thread would not free the loop); the conversion and validation this route already does
+on the loop cost about 6 ms per MB. From then on the items hold the opened text: stored and
+replayed as it, never opened again.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ router = APIRouter(prefix="/v1", tags=["responses"], route_class=LargeBodyRoute)
 async def create_response(
     body: ResponsesRequest, request: Request, state: StateDep, key_id: KeyIdDep
 ) -> Response:
+    body = body.opened(state.reasoning_seal)
     history = await _history(state, key_id, body.previous_response_id)
     chat = chat_request(chat_body(body, history))
 
@@ -58,7 +68,8 @@ async def create_response(
         echo = body.echo()
         if body.store and measured is None:
             echo["store"] = False  # the one way to say so that a stream and a body share
-        fmt = ResponsesFormat(run.format, ResponseEnvelope(model.name, echo))
+        seal = state.reasoning_seal if body.seals_reasoning else None
+        fmt = ResponsesFormat(run.format, ResponseEnvelope(model.name, echo, seal=seal))
 
         async def answered() -> None:
             if measured is not None and fmt.final is not None:

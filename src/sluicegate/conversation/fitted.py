@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluicegate.inference.truncation import TruncatedChat
-from sluicegate.wire.responses import Item
+from sluicegate.wire.response_items import Item, chat_groups
 
 
 def fitted_items(items: list[Item], truncated: TruncatedChat, instructions: bool) -> list[Item]:
@@ -20,43 +20,31 @@ def fitted_items(items: list[Item], truncated: TruncatedChat, instructions: bool
     groups = message_groups(items, instructions)
     kept: list[Item] = []
     for position, message in zip(truncated.kept, truncated.messages, strict=True):
-        group = groups[position]
-        if not group:  # the instructions
-            continue
-        first = items[group[0]]
-        content, original = message.get("content"), _text_of(first)
-        if isinstance(content, str) and original is not None and content != original:
-            kept.append(_with_text(first, content))
-            kept += (items[i] for i in group[1:])
-        else:
-            kept += (items[i] for i in group)
+        content = message.get("content")
+        for i in groups[position]:  # none for the instructions
+            item, original = items[i], _text_of(items[i])
+            if isinstance(content, str) and original is not None and content != original:
+                item = _with_text(item, content)
+            kept.append(item)
     return kept
 
 
 def message_groups(items: list[Item], instructions: bool) -> list[list[int]]:
-    """For each chat message `wire.responses.chat_messages` makes of `items`, the positions of
-    the items it came from (none for the instructions): a run of function calls joins the
-    assistant message before it; every other item is a message of its own."""
-    groups: list[list[int]] = [[]] if instructions else []
-    assistant = False
-    for i, item in enumerate(items):
-        kind = item.get("type", "message")
-        if kind == "function_call" and assistant:
-            groups[-1].append(i)
-            continue
-        groups.append([i])
-        assistant = kind == "function_call" or (
-            kind == "message" and item.get("role") == "assistant"
-        )
-    return groups
+    """For each chat message `wire.response_items.chat_messages` makes of `items`, the
+    positions of the items it came from (none for the instructions): an assistant turn's
+    reasoning, text and function calls together (`chat_groups`); every other item is a
+    message of its own."""
+    return [[], *chat_groups(items)] if instructions else chat_groups(items)
 
 
 def _text_of(item: Item) -> str | None:
-    """The text the item's chat message holds (None: a function call, whose message has no
-    text of its own)."""
+    """The text the item gives its chat message (None: a function call or a reasoning item,
+    which give it none; a message has at most one item that does)."""
     kind = item.get("type", "message")
+    if kind not in ("message", "function_call_output"):
+        return None
     value: Any = item.get("content") if kind == "message" else item.get("output")
-    if kind == "function_call" or value is None:
+    if value is None:
         return None
     return value if isinstance(value, str) else "".join(p["text"] for p in value)
 

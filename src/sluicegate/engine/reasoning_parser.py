@@ -11,7 +11,8 @@ vLLM is imported lazily: a gateway over upstreams never loads it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sluicegate.engine.protocol import ReasoningStream
@@ -29,8 +30,30 @@ def reasoning_parser_names() -> list[str]:
     return sorted(ReasoningParserManager.list_registered())
 
 
-def check_reasoning_parser(name: str) -> None:
-    """Raise `ReasoningParserError`, listing the known names, unless vLLM has `name`."""
+def load_reasoning_plugin(path: str) -> None:
+    """Import a Python file that registers reasoning parsers with vLLM's
+    `ReasoningParserManager` (vLLM's `--reasoning-parser-plugin`), so that their names are
+    known here; `ReasoningParserError` if it cannot be imported."""
+    # vLLM's own loader (`ReasoningParserManager.import_reasoning_parser`) logs a file that
+    # fails and goes on: imported here, its failure stops start-up with its cause.
+    from vllm.utils.import_utils import import_from_path
+
+    file = Path(path)
+    if not file.is_file():
+        raise ReasoningParserError(f"the reasoning parser plugin {path} is no file")
+    try:
+        import_from_path(f"sluicegate_reasoning_plugin_{file.stem}", file)
+    except Exception as exc:  # the plugin's own code: anything may come out of it
+        raise ReasoningParserError(
+            f"the reasoning parser plugin {path} failed to load: {exc.__class__.__name__}: {exc}"
+        ) from None
+
+
+def check_reasoning_parser(name: str, plugin: str | None = None) -> None:
+    """Raise `ReasoningParserError`, listing the known names, unless vLLM has `name` (with
+    the parsers `plugin` registers, loaded first)."""
+    if plugin is not None:
+        load_reasoning_plugin(plugin)
     known = reasoning_parser_names()
     if name not in known:
         raise ReasoningParserError(f"unknown reasoning parser {name!r} (known: {', '.join(known)})")
@@ -39,12 +62,23 @@ def check_reasoning_parser(name: str) -> None:
 class VLLMReasoningParser:
     """`ReasoningParser` over one of vLLM's registered reasoning parsers."""
 
-    def __init__(self, name: str, tokenizer: Any, model_config: Any = None):
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Any,
+        model_config: Any = None,
+        *,
+        encodes_text: bool = False,
+        plugin: str | None = None,
+    ):
         """`tokenizer` is the model's (vLLM's `get_tokenizer`); `model_config` vLLM's, when
-        there is an engine (parsers read the model's settings from it)."""
+        there is an engine (parsers read the model's settings from it). `encodes_text`: the
+        deltas come as text alone (an upstream's), and their ids are the tokenizer's encoding
+        of it: the thinking markers are single tokens, which their text encodes to. `plugin`:
+        a file registering more parsers, loaded first (`load_reasoning_plugin`)."""
         from vllm.parser import ParserManager
 
-        check_reasoning_parser(name)
+        check_reasoning_parser(name, plugin)
         hf_config = getattr(model_config, "hf_config", None)
         if getattr(hf_config, "model_type", None) == "gpt_oss":
             # Its thoughts are channels of the Harmony format, which needs vLLM's own
@@ -69,13 +103,18 @@ class VLLMReasoningParser:
         self._tokenizer = tokenizer
         self._model_config = model_config
         self._request = _request()
+        self._encode: Callable[[str], list[int]] | None = None
+        if encodes_text:
+            self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
         # A parser without state, for the questions asked of prompts alone.
         self._probe: Any = self._parser({})
 
     def stream(
         self, prompt_ids: Sequence[int], template_kwargs: Mapping[str, Any]
     ) -> ReasoningStream:
-        return _Stream(self._parser(template_kwargs), self._request, prompt_ids, self.name)
+        return _Stream(
+            self._parser(template_kwargs), self._request, prompt_ids, self.name, self._encode
+        )
 
     def prompt_ends_reasoning(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt already closed the thoughts (a template turning thinking off
@@ -100,7 +139,15 @@ class _Stream:
     """One choice's parser. A parser that raises ends the split for the choice (what follows
     is content), never the answer."""
 
-    def __init__(self, parser: Any, request: Any, prompt_ids: Sequence[int], name: str):
+    def __init__(
+        self,
+        parser: Any,
+        request: Any,
+        prompt_ids: Sequence[int],
+        name: str,
+        encode: Callable[[str], list[int]] | None = None,
+    ):
+        self._encode = encode
         self._parser = parser
         self._request = request
         self._prompt: list[int] | None = list(prompt_ids)
@@ -110,6 +157,12 @@ class _Stream:
 
     def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> tuple[str, str]:
         ids = list(token_ids)
+        if not ids and text and self._encode is not None and not self._failed:
+            try:
+                ids = self._encode(text)
+            except Exception:
+                logger.exception("tokenizer failed for reasoning parser %s", self._name)
+                self._failed = True
         self._ids.extend(ids)
         if self._failed:
             return "", text

@@ -75,6 +75,11 @@ class HFPromptTokenizer:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The Hugging Face tokenizer itself (what vLLM's parsers take)."""
+        return self._tokenizer
+
     async def encode_chat(
         self,
         messages: ChatMessages,

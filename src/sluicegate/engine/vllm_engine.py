@@ -89,6 +89,9 @@ class EngineConfig:
     """vLLM's name of the reasoning parser that splits thoughts from the answer (the
     gateway's split, `engine.reasoning_parser`); the engine core gets it too, so that
     structured outputs constrain the answer only, and `thinking_token_budget` works."""
+    reasoning_parser_plugin: str | None = None
+    """A Python file registering more reasoning parsers with vLLM (its
+    `--reasoning-parser-plugin`), loaded here and in the engine core."""
     lora: LoraConfig | None = None
     """LoRA adapters on (vLLM's `enable_lora`), with these bounds; None: off."""
 
@@ -141,6 +144,8 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
     }
     if config.reasoning_parser is not None:
         args["reasoning_parser"] = config.reasoning_parser
+        if config.reasoning_parser_plugin is not None:
+            args["reasoning_parser_plugin"] = config.reasoning_parser_plugin
     if on_gpu:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
     if config.lora is not None:
@@ -212,7 +217,8 @@ class VLLMEngine:
         from sluicegate.engine.vllm_process import executor_class
 
         if config.reasoning_parser is not None:
-            check_reasoning_parser(config.reasoning_parser)  # before minutes of start-up
+            # Before minutes of start-up.
+            check_reasoning_parser(config.reasoning_parser, config.reasoning_parser_plugin)
         count, index = (1, 0) if core is None else (core.count, core.index)
         vllm_config = engine_vllm_config(config, clients=count, rank=index)
         meter = meter or LoadMeter(cores=config.data_parallel_size)
@@ -237,7 +243,10 @@ class VLLMEngine:
             reasoning = None
             if config.reasoning_parser is not None:
                 reasoning = VLLMReasoningParser(
-                    config.reasoning_parser, hf_tokenizer, vllm_config.model_config
+                    config.reasoning_parser,
+                    hf_tokenizer,
+                    vllm_config.model_config,
+                    plugin=config.reasoning_parser_plugin,
                 )
             adapters = None
             if config.lora is not None:

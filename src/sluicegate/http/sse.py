@@ -6,10 +6,13 @@
 - `EventStreamResponse` sends events as they come. It watches the connection while it
   streams: when the client leaves, the event source is cancelled, which closes the engine
   generator and aborts the request in the engine.
-- A stream with a keep-alive (`Keepalive`: Anthropic's Messages API) whose first event takes
-  longer than `after` begins anyway: its opening events (`message_start`), then a ping every
-  `every` seconds until the first event; errors from then on are error events. The first
-  event's own time limit still holds.
+- A stream with a keep-alive (`Keepalive`: every API's) says it is alive while it has nothing
+  to send, for the proxies in between that cut idle connections. Mid-stream, `ping` (an SSE
+  comment, or Anthropic's `ping` event) whenever `every` seconds passed without a send. One
+  whose first event takes longer than `after` begins anyway: its opening events (Anthropic's
+  `message_start`; none on the OpenAI APIs), then a ping every `after` seconds until the first
+  event; errors from then on are error events. The first event's own time limit still holds.
+  A ping is not progress: a source that stays silent still ends the stream as stalled.
 - An error raised after the first byte cannot change the status any more; it is sent as an
   OpenAI error event, followed by `[DONE]`, and the stream ends (`errors.send_error_event`);
   a stream with a writer of its own (`ending`: the Responses API's) ends as that renders it.
@@ -20,7 +23,8 @@
   that stops reading fills the socket buffers, and the server's `send` then blocks. The
   stream ends as if stalled: the event source is closed first (the engine request is
   aborted), then the error event gets `CLOSING_SEND_TIMEOUT` to go out, and if it cannot, the
-  response is left unfinished, which makes the server close the connection.
+  response is left unfinished, which makes the server close the connection. A ping's send is
+  bounded so too.
 """
 
 from __future__ import annotations
@@ -55,15 +59,20 @@ class SendStalled(Exception):
     """A `send` did not complete in time: the client is not reading."""
 
 
+def _nothing() -> bytes:
+    return b""
+
+
 @dataclass(frozen=True, slots=True)
 class Keepalive:
-    """How a stream whose first event is slow begins anyway: `opening()`'s events after
-    `after` seconds without one, then `ping` every `every` seconds until it comes."""
+    """What a stream sends while it has nothing to send: `ping`, once `every` seconds passed
+    without a send. Before its first event, it begins anyway after `after` seconds without
+    one: `opening()`'s events, then `ping` every `after` seconds until the event comes."""
 
-    opening: Callable[[], bytes]
     ping: bytes
-    after: float
     every: float
+    after: float
+    opening: Callable[[], bytes] = _nothing
 
 
 class EventStreamResponse(Response):
@@ -88,6 +97,7 @@ class EventStreamResponse(Response):
         longest wait for the next event, and for each send. Either ends the stream with an
         error event, which closes the source and aborts the engine request. `ending` renders
         the stream's end (`[DONE]`, or the error events) when it is not a chat stream's.
+        `keepalive`: what to send while the stream is silent (see `Keepalive`).
         `pending`: the first event, still awaited (with `keepalive`, by `first_by`).
         `watcher`: the exchange's disconnect watcher (`watch_disconnect`), which the
         response takes over and ends with the stream."""
@@ -141,19 +151,22 @@ class EventStreamResponse(Response):
     async def _pump(self, send: Send) -> GatewayError | None:
         """Send the events; the error that ended the stream early, or None at its end.
         Raises `SendStalled` when the client stopped reading."""
-        watchdog = _Watchdog(self._deadline, self._stall_timeout)
+        # Kept alive from the start, unless the first event is still awaited (it pings itself).
+        keepalive = self._keepalive if self._pending is None else None
+        watchdog = _Watchdog(self._deadline, self._stall_timeout, send, keepalive)
         async with contextlib.aclosing(self._events) as events:
             try:
                 start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-                await watchdog.send(send, start)
+                await watchdog.send(start)
                 self._started = True
                 if self._pending is not None:
-                    first = await self._kept_alive(send, watchdog)
+                    first = await self._kept_alive(watchdog)
                     if first is None:
                         return None
                     self._first = first
+                    watchdog.keep_alive(self._keepalive)
                 if self._first:
-                    await watchdog.send(send, _event(self._first))
+                    await watchdog.send(_event(self._first))
                 while True:
                     try:
                         event = await anext(events)
@@ -161,7 +174,7 @@ class EventStreamResponse(Response):
                         return None
                     watchdog.progress()
                     if event:  # empty: engine output that shows nothing (hidden thoughts)
-                        await watchdog.send(send, _event(event))
+                        await watchdog.send(_event(event))
             except asyncio.CancelledError:
                 if watchdog.expired():
                     if watchdog.sending:
@@ -176,21 +189,21 @@ class EventStreamResponse(Response):
                 logger.exception("stream failed after the first byte")
                 return GatewayError()
             finally:
-                watchdog.close()
+                await watchdog.close()
                 if self._pending is not None and not self._pending.done():
                     # The source cannot be closed while its first event is being made.
                     self._pending.cancel()
                     await asyncio.wait({self._pending})
 
-    async def _kept_alive(self, send: Send, watchdog: _Watchdog) -> bytes | None:
+    async def _kept_alive(self, watchdog: _Watchdog) -> bytes | None:
         """The first event, pinging while it is awaited; None when the source ended without
         one. Raises what making it raised, and `DeadlineExceededError` past its time limit."""
         pending, keepalive = self._pending, self._keepalive
         assert pending is not None and keepalive is not None
         loop = asyncio.get_running_loop()
-        await watchdog.send(send, _event(keepalive.opening() + keepalive.ping))
+        await watchdog.send(_event(keepalive.opening() + keepalive.ping))
         while True:
-            wait = keepalive.every
+            wait = keepalive.after
             if self._first_by is not None:
                 wait = min(wait, self._first_by - loop.time())
             if wait <= 0:
@@ -201,38 +214,71 @@ class EventStreamResponse(Response):
                     return pending.result()
                 except StopAsyncIteration:
                     return None
-            await watchdog.send(send, _event(keepalive.ping))
+            await watchdog.ping(_event(keepalive.ping))
 
 
 class _Watchdog:
-    """The stream's time limits, with one timer per stream rather than one per event.
+    """The stream's time limits and its keep-alive, with one timer per stream rather than
+    one per event.
 
-    Each event and each send is a step of progress. The timer fires at the earliest moment a
-    limit could be passed (the next event's or send's `stall_timeout` after the last
-    progress, or the `deadline`); if progress came since, it is set again for later, and if
-    not, the streaming task is cancelled. `expired` then tells that cancellation from any
-    other (the client leaving, the server stopping), as `asyncio.timeout` does."""
+    Each event and each send of one is a step of progress. The timer fires at the earliest
+    moment a limit could be passed (the next event's or send's `stall_timeout` after the last
+    progress, or the `deadline`) or a keep-alive could be due (`every` seconds after the last
+    send); if progress or a send came since, it is set again for later. Past a limit, the
+    streaming task is cancelled; `expired` then tells that cancellation from any other (the
+    client leaving, the server stopping), as `asyncio.timeout` does. A keep-alive that is due
+    while the stream waits for its source is sent by a task of its own, which an event to send
+    replaces if the socket has not taken the ping yet (one writer at a time); it is bounded
+    like any send, and it is not progress."""
 
-    def __init__(self, deadline: float | None, stall_timeout: float | None):
+    def __init__(
+        self,
+        deadline: float | None,
+        stall_timeout: float | None,
+        send: Send,
+        keepalive: Keepalive | None = None,
+    ):
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._deadline = deadline
         self._stall_timeout = stall_timeout
+        self._send = send
         self._cancelling = self._task.cancelling() if self._task else 0
-        self._last = self._loop.time()
+        self._last = self._sent = self._loop.time()
         self._fired = False
         self._handle: asyncio.TimerHandle | None = None
+        self._ping = None if keepalive is None else keepalive.ping
+        self._every = 0.0 if keepalive is None else keepalive.every
+        self._pinging: asyncio.Task[None] | None = None
         self.sending = False
+        self._arm()
+
+    def keep_alive(self, keepalive: Keepalive | None) -> None:
+        """From now on, send its ping whenever its `every` seconds pass without a send."""
+        if keepalive is None:
+            return
+        self._ping, self._every = keepalive.ping, keepalive.every
+        if self._handle is not None:
+            self._handle.cancel()
         self._arm()
 
     def progress(self) -> None:
         self._last = self._loop.time()
 
-    async def send(self, send: Send, message: Message) -> None:
+    async def send(self, message: Message) -> None:
+        if self._pinging is not None:
+            self._stop_pinging()
         self.sending = True
-        await send(message)
+        await self._send(message)
         self.sending = False
-        self._last = self._loop.time()
+        self._last = self._sent = self._loop.time()
+
+    async def ping(self, message: Message) -> None:
+        """A send that is not progress (a keep-alive), bounded all the same."""
+        self.sending = True
+        await self._send(message)
+        self.sending = False
+        self._sent = self._loop.time()
 
     def expired(self) -> bool:
         """Whether this watchdog cancelled the task (and that is the only cancellation)."""
@@ -240,25 +286,59 @@ class _Watchdog:
             return False
         return self._task.uncancel() <= self._cancelling
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """No more limits or keep-alives; one still being written is given up."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._ping = None
+        pinging, self._pinging = self._pinging, None
+        if pinging is not None:
+            pinging.cancel()
+            await asyncio.wait({pinging})
+            if not pinging.cancelled():
+                pinging.exception()  # retrieved: the stream ends anyway
 
     def _arm(self) -> None:
         when = next_deadline(self._last, self._deadline, self._stall_timeout)
+        if self._ping is not None:
+            due = self._sent + self._every
+            when = due if when is None else min(when, due)
         if when is not None and self._task is not None:
             self._handle = self._loop.call_at(when, self._check)
 
     def _check(self) -> None:
+        now = self._loop.time()
         when = next_deadline(self._last, self._deadline, self._stall_timeout)
-        if when is not None and when > self._loop.time():  # progress came since: later
-            self._arm()
+        if when is not None and when <= now:
+            self._handle = None
+            self._fired = True
+            assert self._task is not None
+            self._task.cancel()
             return
-        self._handle = None
-        self._fired = True
-        assert self._task is not None
-        self._task.cancel()
+        if self._ping is not None and self._sent + self._every <= now:
+            self._sent = now  # the next one is due `every` from now, whether this one goes
+            if self._pinging is None and not self.sending:
+                self._pinging = self._loop.create_task(self._keep_alive())
+        self._arm()  # progress or a send came since, or the next keep-alive: later
+
+    async def _keep_alive(self) -> None:
+        assert self._ping is not None
+        self.sending = True
+        await self._send(_event(self._ping))  # on failure, kept for `_stop_pinging` to raise
+        self.sending = False
+        self._pinging = None
+
+    def _stop_pinging(self) -> None:
+        """Give up the keep-alive in flight: not written yet (a server writes a message
+        whole, once the socket has room), so an event can go instead. Raises what its send
+        raised, if it failed."""
+        pinging, self._pinging = self._pinging, None
+        assert pinging is not None
+        if not pinging.done():
+            pinging.cancel()
+        elif not pinging.cancelled() and (failure := pinging.exception()) is not None:
+            raise failure
 
 
 def _event(body: bytes) -> Message:
@@ -354,6 +434,9 @@ async def _open_kept_alive(
         )
     try:
         if not done:
+            # Closed with its generator, which cannot be closed while it makes the event.
+            pending.cancel()
+            await asyncio.wait({pending})
             raise DeadlineExceededError()
         first = pending.result()
     except StopAsyncIteration:
@@ -369,6 +452,7 @@ async def _open_kept_alive(
         deadline=deadline,
         stall_timeout=stall_limit,
         ending=ending,
+        keepalive=keepalive,
         watcher=watcher,
     )
 

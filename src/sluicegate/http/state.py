@@ -6,6 +6,7 @@ under one key, and read back with `app_state(scope)` (middleware) or `api.deps` 
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from starlette.types import Scope
@@ -22,6 +23,7 @@ from sluicegate.quota.quotas import Quotas
 from sluicegate.tenancy.ledger import UsageLedger
 from sluicegate.tenancy.store import KeyStore
 from sluicegate.tenancy.usage import UsageReader
+from sluicegate.wire.reasoning_seal import MIN_KEY_BYTES, ReasoningSeal
 
 STATE_KEY = "sluicegate"
 
@@ -33,8 +35,11 @@ class Timeouts:
     stream_stall: float
     """Seconds a stream may go without an event before it ends."""
     ping_after: float = 5.0
-    """Seconds a stream that pings (Anthropic's) waits for its first output before it begins
-    with pings instead."""
+    """Seconds a stream that opens with events of its own (Anthropic's) waits for its first
+    output before it begins with them and pings instead (`keepalive`, if shorter)."""
+    keepalive: float = 15.0
+    """Seconds a stream may send nothing before it sends its keep-alive (a comment, a ping),
+    mid-stream or before its first output (then it begins with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,10 @@ class AppState:
     usage: UsageReader | None = None
     key_labels: KeyLabels = field(default_factory=KeyLabels)
     """The bounded `key` label of the per-key metrics."""
+    reasoning_seal: ReasoningSeal = field(
+        default_factory=lambda: ReasoningSeal((secrets.token_bytes(MIN_KEY_BYTES),))
+    )
+    """Signs thinking blocks and seals reasoning items (`wiring.reasoning`)."""
 
     def lifespan_state(self) -> dict[str, AppState]:
         """What the lifespan yields."""

@@ -165,9 +165,11 @@ class CompletionService:
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
             )
         tools = request.tool_setup(self._limits.tools)
+        # Exact within the context window, as the budget counts the run: a count by parts
+        # (what longer prompts get) differs where tokens merge across them.
         encoding = await self._tokenizer.encode_chat_counted(
             request.prompt_messages(),
-            ids_up_to=0,
+            ids_up_to=self._engine.max_model_len,
             tools=tools.tools,
             template_kwargs=_template_kwargs(request),
         )

@@ -86,6 +86,11 @@ class ModelEntry(BaseModel):
     """The environment variable holding the key sent to this entry's upstreams."""
     tokenizer: str | None = None
     """A tokenizer folder or hub id for the token budget (upstreams only)."""
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser by name, for upstreams that send their thoughts inside the
+    content (`<think>...</think>`): the gateway splits them as vLLM's server would, with the
+    entry's `tokenizer` (upstreams only; the in-process engine takes
+    SLUICEGATE_REASONING_PARSER)."""
     upstream_model: str | None = None
     """The model name sent upstream; unset: the one the upstreams list first."""
     max_model_len: int | None = Field(default=None, ge=16)
@@ -145,10 +150,19 @@ def check_entries(
                 f"{where}: the in-process embedding engine is SLUICEGATE_EMBEDDING_MODEL's, "
                 "not an entry's"
             )
-        if entry.is_local and (entry.tokenizer or entry.upstream_model or entry.api_key_env):
+        if entry.is_local and (
+            entry.tokenizer or entry.upstream_model or entry.api_key_env or entry.reasoning_parser
+        ):
             raise ModelsFileError(
-                f"{where}: tokenizer, upstream_model and api_key_env are for upstreams; "
-                "the local engine is configured by the SLUICEGATE_* engine settings"
+                f"{where}: tokenizer, upstream_model, api_key_env and reasoning_parser are for "
+                "upstreams; the local engine is configured by the SLUICEGATE_* engine settings"
+            )
+        if entry.reasoning_parser is not None and entry.kind != "chat":
+            raise ModelsFileError(f"{where}: reasoning_parser is for chat models")
+        if entry.reasoning_parser is not None and entry.tokenizer is None:
+            raise ModelsFileError(
+                f"{where}: reasoning_parser needs the model's `tokenizer` (its parser reads "
+                "the thinking markers by their token ids)"
             )
         for name in (entry.name, *entry.aliases):
             if name in owners:

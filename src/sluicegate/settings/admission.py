@@ -126,9 +126,21 @@ class AdmissionSettings(BaseModel):
         default=5.0,
         gt=0,
         description="Anthropic's Messages API: seconds a stream waits for its first token "
-        "before it begins anyway, with `message_start`, then a `ping` event every as many "
-        "seconds until the token comes (an error from then on is an `error` event, and no "
-        "fallback is taken).",
+        "before it begins anyway (or `stream_keepalive_interval`, if shorter), with "
+        "`message_start`, then a `ping` event every as many seconds until the token comes (an "
+        "error from then on is an `error` event, and no fallback is taken).",
+    )
+    stream_keepalive_interval: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a stream may send nothing before it sends a keep-alive: an SSE "
+        "comment (`: keep-alive`, which SSE clients ignore) on the OpenAI APIs, a `ping` event "
+        "on Anthropic's Messages API. Mid-stream (a model thinking with its thoughts left out, "
+        "a long prefill, a slow upstream) and before the first token: an OpenAI stream then "
+        "begins (its 200, then the comment; an error from then on is an error event, and no "
+        "fallback is taken). Keep it under the idle timeout of the proxies in front (60 s for "
+        "nginx's `proxy_read_timeout` and AWS ALB's). Keep-alives are not output: "
+        "`stream_stall_timeout` still ends a stream whose engine sends nothing.",
     )
 
     # --- structured outputs ----------------------------------------------------------

@@ -57,7 +57,16 @@ class ModelSettings(BaseModel):
         "`usage.completion_tokens_details.reasoning_tokens`), as vLLM's `--reasoning-parser`: "
         "`deepseek_r1`, `qwen3`, `step3`, ... (it must match the model's chat template), or "
         "`none`. The engine gets it too: structured outputs constrain the answer only, and "
-        "`thinking_token_budget` works. Unset: none (thoughts stay in the content).",
+        "`thinking_token_budget` works. With UPSTREAM_URLS, the gateway splits the upstreams' "
+        "content with it (needs TOKENIZER); models file entries take `reasoning_parser:`. "
+        "Unset: none (thoughts stay in the content).",
+    )
+    reasoning_parser_plugin: FilePath | None = Field(
+        default=None,
+        description="A Python file that registers reasoning parsers of your own with vLLM's "
+        "`ReasoningParserManager` (vLLM's `--reasoning-parser-plugin`): their names are then "
+        "taken by REASONING_PARSER and the models file's `reasoning_parser:`. Loaded in the "
+        "gateway and in the engine core; a file that fails to import stops start-up.",
     )
 
     # --- models and adapters ----------------------------------------------------------

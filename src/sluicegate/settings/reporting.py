@@ -16,6 +16,8 @@ SECRET_SETTINGS = frozenset(
         "redis_url",
         "rate_limit_redis_url",
         "upstream_api_key",
+        "reasoning_key",
+        "reasoning_previous_keys",
     }
 )
 ENV_PREFIX = "SLUICEGATE_"

@@ -17,6 +17,7 @@ from sluicegate.settings.cache import CacheSettings
 from sluicegate.settings.engine import EngineSettings
 from sluicegate.settings.models import ModelSettings
 from sluicegate.settings.rate_limits import RateLimitSettings
+from sluicegate.settings.reasoning import ReasoningSettings
 from sluicegate.settings.reporting import ENV_PREFIX
 from sluicegate.settings.server import ServerSettings
 from sluicegate.settings.upstream import UpstreamSettings
@@ -31,6 +32,7 @@ class Settings(
     CacheSettings,
     RateLimitSettings,
     BrowserSettings,
+    ReasoningSettings,
     AccessSettings,
     ServerSettings,
     UpstreamSettings,
@@ -62,6 +64,13 @@ class Settings(
             )
         if self.managed_keys:
             self._check_managed_keys()
+        parser = self.reasoning_parser
+        splits_upstreams = self.models_file is None and bool(self.upstreams)
+        if splits_upstreams and parser and parser.lower() != "none" and self.tokenizer is None:
+            raise ValueError(
+                "reasoning_parser with upstream_urls needs SLUICEGATE_TOKENIZER: the parser "
+                "reads the thinking markers by their token ids, in the model's own tokenizer"
+            )
         if self.budget_min_completion_tokens >= self.max_model_len:
             raise ValueError(
                 "budget_min_completion_tokens must be below max_model_len "

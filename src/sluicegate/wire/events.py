@@ -5,7 +5,9 @@ cached completion, used by both the fast path (`http.cache_hits`) and the route.
 
 A stream is written by a `StreamWriter`: `EventWriter` for the chat and text completion
 chunks (ended by `[DONE]`), or the writer a format brings itself (`OwnStream`: the Responses
-API's named events, `wire.response_events`). `stream_writer` picks it.
+API's named events, `wire.response_events`). `stream_writer` picks it. Each writer has its
+keep-alive (`ping`), which `http.sse` sends when the stream has been silent for a while: an SSE
+comment on the OpenAI APIs (every SSE client skips it), a `ping` event on Anthropic's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from sluicegate.wire.formats import ResponseFormat
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+SSE_KEEPALIVE = b": keep-alive\n\n"
+"""A comment: it keeps a silent connection busy for the proxies in between, and SSE clients
+(the openai SDK's among them) skip it."""
 
 
 def sse_event(data: Mapping[str, Any]) -> bytes:
@@ -51,6 +56,10 @@ class StreamWriter(Protocol):
         """What ends a stream that failed after its first byte."""
         ...
 
+    def ping(self) -> bytes:
+        """What a silent stream sends to keep its connection alive (nothing else in it)."""
+        ...
+
 
 @runtime_checkable
 class OwnStream(Protocol):
@@ -61,8 +70,9 @@ class OwnStream(Protocol):
 
 @runtime_checkable
 class Opening(Protocol):
-    """A stream writer whose stream may begin before its first output (Anthropic's: the
-    `message_start` event, then pings): `http.sse.Keepalive`."""
+    """A stream writer whose stream, when it begins before its first output, opens with
+    events of its own (Anthropic's: `message_start`, then pings), and sooner
+    (`STREAM_PING_AFTER`): `http.sse.Keepalive`."""
 
     def opening(self) -> bytes: ...
 
@@ -161,6 +171,9 @@ class EventWriter:
 
     def error(self, error: GatewayError) -> bytes:
         return error_events(error)
+
+    def ping(self) -> bytes:
+        return SSE_KEEPALIVE
 
 
 def error_events(error: GatewayError) -> bytes:

@@ -1,5 +1,5 @@
-"""The pieces of Anthropic's message object: content blocks from a chat message, the stop
-reason from a finish reason, usage, ids."""
+"""The pieces of Anthropic's message object: content blocks from a chat message (its thoughts
+a signed `thinking` block), the stop reason from a finish reason, usage, ids."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluicegate.wire.completion import Completion
+from sluicegate.wire.reasoning_seal import ReasoningSeal
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,17 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat message's text and tool calls as Anthropic content blocks."""
+def thinking_block(text: str, signature: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": signature}
+
+
+def content_blocks(message: dict[str, Any], seal: ReasoningSeal) -> list[dict[str, Any]]:
+    """A chat message's thoughts (a `thinking` block signed by `seal`), text and tool calls as
+    Anthropic content blocks."""
     blocks: list[dict[str, Any]] = []
+    thought = message.get("reasoning")
+    if thought:
+        blocks.append(thinking_block(thought, seal.sign(thought)))
     text = message.get("content")
     if text:
         blocks.append({"type": "text", "text": text})
@@ -77,10 +86,11 @@ def message_usage(prompt_tokens: int, output_tokens: int, cached: bool) -> dict[
 
 @dataclass(slots=True)
 class MessageEnvelope:
-    """What every rendering of one message shares: its id and model; whether it came from the
-    response cache."""
+    """What every rendering of one message shares: its id and model, the seal that signs its
+    thoughts; whether it came from the response cache."""
 
     model: str
+    seal: ReasoningSeal
     id: str = ""
     cached: bool = False
 

@@ -7,11 +7,18 @@ turns each chat chunk into Anthropic's events:
                                                tokens; `opening`, when the stream begins
                                                before the first token)
     ping                                       while the first token is slow (`http.sse`)
-    a text delta     -> (content_block_start,) content_block_delta (text_delta)
+    a thought        -> (content_block_start (thinking),) content_block_delta
+                        (thinking_delta)
+    a text delta     -> (content_block_stop of the block before,) (content_block_start,)
+                        content_block_delta (text_delta)
     a tool call      -> (content_block_stop of the block before,) content_block_start
                         (tool_use), content_block_delta (input_json_delta) per fragment
     the end          -> content_block_stop, message_delta (stop_reason, stop_sequence,
                         usage), message_stop
+
+A thinking block ends with a `signature_delta` before its `content_block_stop`: the seal's
+signature over a running SHA-256 of its deltas' text, which is the signature of the whole
+text (`ReasoningSeal.sign`), so the answer, the stream, a cache hit and a replay sign alike.
 
 A failure after the first byte ends the stream with an `error` event in Anthropic's shape;
 the stream has no `[DONE]`.
@@ -19,6 +26,7 @@ the stream has no `[DONE]`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +36,12 @@ from sluicegate.errors import GatewayError, anthropic_error
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import EventWriter
 from sluicegate.wire.formats import ResponseFormat
-from sluicegate.wire.message_body import MessageEnvelope, message_usage, stop_reason_of
+from sluicegate.wire.message_body import (
+    MessageEnvelope,
+    message_usage,
+    stop_reason_of,
+    thinking_block,
+)
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
@@ -50,7 +63,9 @@ class MessageEventWriter:
         self._blocks = 0
         """Content blocks opened so far (the next one's index)."""
         self._open: str | None = None
-        """The type of the block still open: `text`, `tool_use`, or None."""
+        """The type of the block still open: `thinking`, `text`, `tool_use`, or None."""
+        self._thought = hashlib.sha256()
+        """The open thinking block's text so far, digested (`reasoning_seal.text_digest`)."""
         self._calls: dict[int, int] = {}
         """A tool call's index in the chat chunks -> its block's index."""
         self._finish_reason: str | None = None
@@ -112,6 +127,20 @@ class MessageEventWriter:
 
     def _choice(self, choice: dict[str, Any]) -> Iterator[bytes]:
         delta = choice.get("delta") or {}
+        thought = delta.get("reasoning")
+        if thought:
+            if self._open != "thinking":
+                yield from self._close_open()
+                yield from self._open_block(thinking_block("", ""), "thinking")
+                self._thought = hashlib.sha256()
+            self._thought.update(thought.encode("utf-8", "surrogatepass"))
+            yield named_event(
+                {
+                    "type": "content_block_delta",
+                    "index": self._blocks - 1,
+                    "delta": {"type": "thinking_delta", "thinking": thought},
+                }
+            )
         text = delta.get("content")
         if text:
             if self._open != "text":
@@ -163,5 +192,14 @@ class MessageEventWriter:
     def _close_open(self) -> Iterator[bytes]:
         if self._open is None:
             return
+        if self._open == "thinking":
+            signature = self._envelope.seal.sign_digest(self._thought.digest())
+            yield named_event(
+                {
+                    "type": "content_block_delta",
+                    "index": self._blocks - 1,
+                    "delta": {"type": "signature_delta", "signature": signature},
+                }
+            )
         self._open = None
         yield named_event({"type": "content_block_stop", "index": self._blocks - 1})

@@ -1,10 +1,11 @@
 """Anthropic's Messages API format: the message object, rendered from the chat format's.
 
 `MessagesFormat` wraps the chat format of the run the request became, as `ResponsesFormat`
-does: the chat format turns a completion into a chat message (text, and tool calls once the
-chat format makes them), and this turns that message into content blocks (`text`,
-`tool_use`). Its stream is `message_events`. Cache hits render through it too, with their
-input counted as read from the cache.
+does: the chat format turns a completion into a chat message (thoughts, text, and tool calls
+once the chat format makes them), and this turns that message into content blocks
+(`thinking`, signed by the envelope's seal; `text`; `tool_use`). Its stream is
+`message_events`. Cache hits render through it too, with their input counted as read from the
+cache; their thoughts sign as the live answer's did (a signature depends on the text alone).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class MessagesFormat:
 
     def response(self, completion: Completion) -> dict[str, Any]:
         choice = self.chat.response(completion)["choices"][0]
-        blocks = content_blocks(choice["message"])
+        blocks = content_blocks(choice["message"], self.envelope.seal)
         tool_use = any(block["type"] == "tool_use" for block in blocks)
         stop_sequence = completion.choices[0].stop_sequence if completion.choices else None
         reason = stop_reason_of(choice.get("finish_reason"), stop_sequence, tool_use)
@@ -52,7 +53,7 @@ class MessagesFormat:
 
     def renewed(self) -> MessagesFormat:
         """The same format for another response: its own ids."""
-        envelope = MessageEnvelope(self.envelope.model)
+        envelope = MessageEnvelope(self.envelope.model, self.envelope.seal)
         return MessagesFormat(self.chat.renewed(), envelope, self.prompt_tokens)
 
     def renders_alike(self) -> bool:

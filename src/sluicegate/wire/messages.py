@@ -1,35 +1,64 @@
 """Anthropic's Messages API request (`POST /v1/messages`) and its conversion to a chat request.
 
 A Messages request runs through the chat pipeline: `chat_body` turns its system prompt, its
-turns (text, `tool_use` and `tool_result` blocks) and its parameters into the body of a chat
-completion request, in OpenAI's chat shapes: tool uses become an assistant turn's
-`tool_calls`, tool results become `tool` turns, `tool_choice` `any` becomes `required` and a
-named tool a named function. Whatever the chat request accepts, this API then accepts; what it
-refuses comes back naming the Messages parameter (`param_for`).
+turns (text, `tool_use`, `tool_result` and `thinking` blocks) and its parameters into the body
+of a chat completion request, in OpenAI's chat shapes: tool uses become an assistant turn's
+`tool_calls`, tool results become `tool` turns, thinking blocks the turn's `reasoning`,
+`tool_choice` `any` becomes `required` and a named tool a named function, `thinking` and
+`output_config.effort` become `thinking_token_budget` and `reasoning_effort`
+(`wire.message_thinking`, as vLLM's `/v1/messages` maps them). Whatever the chat request
+accepts, this API then accepts; what it refuses comes back naming the Messages parameter
+(`param_for`).
+
+A thinking block comes back with the `signature` the gateway gave it
+(`wire.reasoning_seal`): the conversion records each block's digest and signature
+(`Converted.signed_thoughts`) for the route to verify, since it may run in a worker process
+that holds no key.
 
 What this server cannot do is refused here, by name: images and documents (its models take
-text only), extended thinking, server tools (web search, code execution), MCP servers.
-Unknown fields are ignored, as vLLM's server ignores them.
+text only), server tools (web search, code execution), MCP servers. Unknown fields are
+ignored, as vLLM's server ignores them.
 
 A turn, and the system prompt, hold at most `MAX_CONTENT_BLOCKS` blocks each (a 400 past
 it). A body large enough to be parsed in the worker process (`api.route.LargeBodyRoute`) is
 converted there too (`Converted.converted`): what comes back to the event loop is the chat
 request's turns, one string of content each, not the blocks (nor the system prompt's, nor the
-tools).
+tools), and the thinking blocks' digests and signatures.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, NamedTuple, Self
 
-from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
+from sluicegate.wire.message_thinking import (
+    OutputConfig,
+    SignedThought,
+    ThinkingConfig,
+    checked_thinking,
+    reasoning_fields,
+)
+from sluicegate.wire.reasoning_seal import text_digest
 from sluicegate.wire.requests import MAX_MESSAGES, _Model
 
 MAX_CONTENT_BLOCKS = 1024
 """The most content blocks one turn may hold (a 400 past it). Each block is converted one by
 one; this bounds the blocks of a turn whatever the body's size."""
+
+BILLING_HEADER = "x-anthropic-billing-header"
+"""How the attribution block Claude Code puts in the system prompt begins: its hash changes
+with each request, so it is left out (as vLLM's server leaves it out), or no two prompts
+would share a prefix (nor a cached answer)."""
 
 TEXT_ONLY = (
     "This model takes text only: {kind} blocks are not supported (send the text of the "
@@ -131,11 +160,6 @@ class Metadata(_Model):
     user_id: str | None = Field(default=None, max_length=256)
 
 
-class Thinking(_Model):
-    type: str
-    budget_tokens: int | None = None
-
-
 class UnsupportedBlockError(ValueError):
     """A content block this server cannot take; `param` says where it is."""
 
@@ -150,9 +174,15 @@ class Converted(_Model):
 
     _chat: dict[str, Any] | tuple[str, str] | None = PrivateAttr(default=None)
     """The chat body, or what the conversion refused (message, param)."""
+    _thoughts: tuple[SignedThought, ...] = PrivateAttr(default=())
 
     def convert(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def signed_thoughts(self) -> tuple[SignedThought, ...]:
+        """The thinking blocks of the assistant turns, as the conversion found them (once
+        `chat_body` has answered), for the route to verify."""
+        return self._thoughts
 
     def chat_body(self) -> dict[str, Any]:
         """The chat request's body; raises `UnsupportedBlockError`."""
@@ -191,22 +221,28 @@ class MessagesRequest(Converted):
     stream: bool = False
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
     mcp_servers: list[Any] | None = None
+
+    @field_validator("thinking", mode="wrap")
+    @classmethod
+    def _thinking(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        return checked_thinking(value, handler, info.data.get("max_tokens"))
 
     @model_validator(mode="after")
     def _supported(self) -> MessagesRequest:
-        if self.thinking is not None and self.thinking.type != "disabled":
-            raise ValueError("extended thinking is not supported by this model")
         if self.mcp_servers:
             raise ValueError("mcp_servers are not supported here")
         return self
 
-    def chat_messages(self) -> list[dict[str, Any]]:
-        return chat_messages(self.messages, self.system)
-
     def convert(self) -> dict[str, Any]:
-        return chat_body(self)
+        thoughts: list[SignedThought] = []
+        body = chat_body(self, thoughts)
+        self._thoughts = tuple(thoughts)
+        return body
 
 
 class CountTokensRequest(Converted):
@@ -218,20 +254,35 @@ class CountTokensRequest(Converted):
     system: SystemPrompt = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+
+    @field_validator("thinking", mode="wrap")
+    @classmethod
+    def _thinking(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return checked_thinking(value, handler)
 
     def convert(self) -> dict[str, Any]:
+        """The chat request counted: its turns (thoughts included: the template renders them
+        where it does, signed or not) and the effort the template is given."""
+        fields = reasoning_fields(self.thinking, self.output_config)
+        fields.pop("thinking_token_budget", None)  # it bounds generation, not the prompt
         return {
             "model": self.model,
             "messages": chat_messages(self.messages, self.system),
             **tool_fields(self.tools, self.tool_choice),
+            **fields,
         }
 
 
-def chat_body(request: MessagesRequest) -> dict[str, Any]:
-    """The chat completion request this Messages request runs as."""
+def chat_body(
+    request: MessagesRequest, thoughts: list[SignedThought] | None = None
+) -> dict[str, Any]:
+    """The chat completion request this Messages request runs as; the thinking blocks of its
+    assistant turns are added to `thoughts`."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": request.chat_messages(),
+        "messages": chat_messages(request.messages, request.system, thoughts),
         "max_tokens": request.max_tokens,
         "stream": request.stream,
     }
@@ -246,6 +297,7 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
     if request.metadata is not None and request.metadata.user_id is not None:
         body["user"] = request.metadata.user_id
     body.update(tool_fields(request.tools, request.tool_choice))
+    body.update(reasoning_fields(request.thinking, request.output_config))
     return body
 
 
@@ -262,19 +314,25 @@ def tool_fields(tools: list[Tool] | None, choice: ToolChoice | None) -> dict[str
 
 
 def chat_messages(
-    messages: list[Message], system: str | list[TextBlock] | None
+    messages: list[Message],
+    system: str | list[TextBlock] | None,
+    thoughts: list[SignedThought] | None = None,
 ) -> list[dict[str, Any]]:
-    """The turns as chat messages: the system prompt first, tool results as `tool` turns before
-    the user text that came with them, tool uses as the assistant turn's `tool_calls`."""
+    """The turns as chat messages: the system prompt first (without Claude Code's billing
+    header), tool results as `tool` turns before the user text that came with them, tool uses
+    as the assistant turn's `tool_calls`, thinking blocks as its `reasoning` (each added to
+    `thoughts`)."""
     chat: list[dict[str, Any]] = []
+    if isinstance(system, list):
+        system = "\n".join(b.text for b in system if not b.text.startswith(BILLING_HEADER))
     if system:
-        text = system if isinstance(system, str) else "\n".join(b.text for b in system)
-        chat.append({"role": "system", "content": text})
+        chat.append({"role": "system", "content": system})
+    found = [] if thoughts is None else thoughts
     for index, message in enumerate(messages):
         if message.role == "user":
             chat.extend(_user_turns(message, index))
         else:
-            chat.append(_assistant_turn(message, index))
+            chat.append(_assistant_turn(message, index, found))
     return chat
 
 
@@ -300,9 +358,10 @@ def _user_turns(message: Message, index: int) -> list[dict[str, Any]]:
     return turns
 
 
-def _assistant_turn(message: Message, index: int) -> dict[str, Any]:
+def _assistant_turn(message: Message, index: int, thoughts: list[SignedThought]) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for position, block in enumerate(message.blocks()):
         kind = block.get("type")
         where = f"messages.{index}.content.{position}"
@@ -310,8 +369,12 @@ def _assistant_turn(message: Message, index: int) -> dict[str, Any]:
             texts.append(_text(block, where))
         elif kind == "tool_use":
             calls.append(_tool_call(block, where))
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # a turn of a model that thinks: its thoughts are not the answer
+        elif kind == "thinking":
+            thought = _thought(block, where)
+            reasoning.append(thought.text)
+            thoughts.append(thought.signed)
+        elif kind == "redacted_thinking":
+            continue  # never written here: Anthropic's encrypted thoughts, opaque to a model
         elif kind in ("image", "document"):
             raise UnsupportedBlockError(TEXT_ONLY.format(kind=kind), where)
         else:
@@ -320,9 +383,31 @@ def _assistant_turn(message: Message, index: int) -> dict[str, Any]:
                 where,
             )
     turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if reasoning:
+        # Several blocks are one text, as vLLM's server joins them.
+        turn["reasoning"] = "".join(reasoning)
     if calls:
         turn["tool_calls"] = calls
     return turn
+
+
+class _Thought(NamedTuple):
+    text: str
+    signed: SignedThought
+
+
+def _thought(block: dict[str, Any], where: str) -> _Thought:
+    text, signature = block.get("thinking"), block.get("signature")
+    if not isinstance(text, str):
+        raise UnsupportedBlockError(
+            "a thinking block needs its thinking (a string)", f"{where}.thinking"
+        )
+    if not isinstance(signature, str):
+        raise UnsupportedBlockError(
+            "a thinking block needs the signature it was given (send the block back as it came)",
+            f"{where}.signature",
+        )
+    return _Thought(text, SignedThought(f"{where}.signature", text_digest(text), signature))
 
 
 def _text(block: dict[str, Any], where: str) -> str:
@@ -378,6 +463,8 @@ _CHAT_TO_MESSAGES = {
     "max_completion_tokens": "max_tokens",
     "user": "metadata.user_id",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+    "thinking_token_budget": "thinking.budget_tokens",
+    "reasoning_effort": "output_config.effort",
 }
 
 

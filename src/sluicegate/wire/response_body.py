@@ -1,5 +1,10 @@
 """The pieces of the Responses API's response object: ids, output items, usage, and the
-envelope that echoes the request's parameters (`ResponseEnvelope`)."""
+envelope that echoes the request's parameters (`ResponseEnvelope`).
+
+A run that reasoned answers with a `reasoning` item first, its thoughts as one `reasoning_text`
+part and no summary (as vLLM's server); with `include: ["reasoning.encrypted_content"]` the
+item also carries them sealed (`encrypted_content`), for a client that keeps no state to
+send back on its next turn."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import uuid
 from typing import Any
 
 from sluicegate.wire.completion import Usage
-from sluicegate.wire.responses import Item
+from sluicegate.wire.reasoning_seal import ReasoningSeal
+from sluicegate.wire.response_items import Item, reasoning_text
 
 
 def new_response_id() -> str:
@@ -59,14 +65,34 @@ def function_call_item(item_id: str, call: dict[str, Any], status: str = "comple
     }
 
 
-def output_items(message: dict[str, Any], incomplete: bool) -> list[Item]:
-    """A chat message as output items: its text as a message item (when it has text or no
-    tool calls), then one function call item per tool call. When the output was cut short the
-    last item, the one being written, is `incomplete` (as its stream's events say)."""
+def reasoning_item(
+    item_id: str, text: str, status: str = "completed", seal: ReasoningSeal | None = None
+) -> Item:
+    """A reasoning item holding `text`; sealed too (`encrypted_content`) when given a seal."""
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": [reasoning_text(text)],
+        "encrypted_content": None if seal is None else seal.seal(text),
+        "status": status,
+    }
+
+
+def output_items(
+    message: dict[str, Any], incomplete: bool, seal: ReasoningSeal | None = None
+) -> list[Item]:
+    """A chat message as output items: its reasoning as a reasoning item (`seal`: sealed
+    too), its text as a message item (when it has text, or nothing else), then one function
+    call item per tool call. When the output was cut short the last item, the one being
+    written, is `incomplete` (as its stream's events say)."""
+    thought = message.get("reasoning")
     content = message.get("content")
     calls = message.get("tool_calls") or []
     items: list[Item] = []
-    if content or not calls:
+    if thought:
+        items.append(reasoning_item(new_item_id("rs"), thought, seal=seal))
+    if content or not (calls or thought):
         items.append(message_item(new_item_id("msg"), content or "", "completed"))
     items += [function_call_item(new_item_id("fc"), call) for call in calls]
     if incomplete:
@@ -77,11 +103,20 @@ def output_items(message: dict[str, Any], incomplete: bool) -> list[Item]:
 class ResponseEnvelope:
     """The response object's fixed part: id, model, creation time and the echoed request."""
 
-    def __init__(self, model: str, echo: dict[str, Any], response_id: str | None = None):
+    def __init__(
+        self,
+        model: str,
+        echo: dict[str, Any],
+        response_id: str | None = None,
+        seal: ReasoningSeal | None = None,
+    ):
         self.id = response_id or new_response_id()
         self.created_at = int(time.time())
         self.model = model
         self.echo = echo
+        self.seal = seal
+        """Seals the reasoning items' text (`include: ["reasoning.encrypted_content"]`);
+        None: they carry none."""
 
     def body(
         self,
@@ -107,7 +142,12 @@ class ResponseEnvelope:
         }
 
 
-_ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ITEM_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
 
 
 _ITEM_FIELDS = {
@@ -121,7 +161,9 @@ needs, all of them checked text (anything else a client sends is dropped, never 
 
 def identified(items: list[Item]) -> list[Item]:
     """Input items as they are stored and listed: each with a new id, a message's content as
-    text parts (`input_text`, or `output_text` for the assistant's), only known fields."""
+    text parts (`input_text`, or `output_text` for the assistant's), a reasoning item's text
+    as it was used (its sealed text opened already, `ResponsesRequest.opened`), only known
+    fields."""
     out = []
     for item in items:
         kind = item.get("type", "message")
@@ -140,6 +182,13 @@ def identified(items: list[Item]) -> list[Item]:
             stored["output"] = [
                 {"type": p.get("type", "input_text"), "text": p["text"]} for p in parts
             ]
+        elif kind == "reasoning":
+            stored["summary"] = [
+                {"type": "summary_text", "text": p["text"]} for p in item.get("summary") or ()
+            ]
+            stored["content"] = [reasoning_text(p["text"]) for p in item.get("content") or ()]
+            stored["encrypted_content"] = None
+            stored["status"] = "completed"
         out.append(stored)
     return out
 

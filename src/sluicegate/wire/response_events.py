@@ -4,11 +4,17 @@
 and turns each chat chunk into Responses events:
 
     response.created, response.in_progress                   once, before anything else
+    a reasoning delta     -> (output_item.added, content_part.added,) reasoning_text.delta
     a text delta          -> (output_item.added, content_part.added,) output_text.delta
     a tool call delta     -> (output_item.added,) function_call_arguments.delta
     the end               -> output_text.done, content_part.done, output_item.done (per item;
-                             function_call_arguments.done for calls), then response.completed
-                             (response.incomplete when max_output_tokens cut it short)
+                             reasoning_text.done for reasoning, function_call_arguments.done
+                             for calls), then response.completed (response.incomplete when
+                             max_output_tokens cut it short)
+
+An item ends when the next begins: the reasoning item (which comes first, as the chat format
+writes the thoughts first) is done before the message's first event, as vLLM's server sends
+them. A chunk carrying both thoughts and text makes the reasoning events first.
 
 A failure after the first byte ends the stream with an `error` event and `response.failed`
 (`error`); the stream has no `[DONE]`. Every event carries its `type` and `sequence_number`.
@@ -17,24 +23,26 @@ A failure after the first byte ends the stream with an `error` event and `respon
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from sluicegate.engine.protocol import ChoiceDelta
 from sluicegate.errors import GatewayError
 from sluicegate.wire.completion import Completion
-from sluicegate.wire.events import EventWriter
+from sluicegate.wire.events import SSE_KEEPALIVE, EventWriter
 from sluicegate.wire.formats import ResponseFormat
+from sluicegate.wire.reasoning_seal import ReasoningSeal
 from sluicegate.wire.response_body import (
     ResponseEnvelope,
     function_call_item,
     message_item,
     new_item_id,
     output_text,
+    reasoning_item,
     response_usage,
     status_of,
 )
-from sluicegate.wire.responses import Item
+from sluicegate.wire.response_items import Item, reasoning_text
 
 
 def named_event(data: dict[str, Any]) -> bytes:
@@ -44,7 +52,8 @@ def named_event(data: dict[str, Any]) -> bytes:
 
 
 class _OpenItem:
-    """An output item still streaming: a message's text or a call's arguments so far."""
+    """An output item still streaming: a message's text, the thoughts or a call's arguments
+    so far."""
 
     def __init__(self, index: int, item: Item) -> None:
         self.index = index
@@ -56,13 +65,15 @@ class _OpenItem:
         return str(self.item["id"])
 
     @property
-    def is_message(self) -> bool:
-        return bool(self.item["type"] == "message")
+    def kind(self) -> str:
+        return str(self.item["type"])
 
-    def finished(self, status: str) -> Item:
+    def finished(self, status: str, seal: ReasoningSeal | None) -> Item:
         text = "".join(self.parts)
-        if self.is_message:
+        if self.kind == "message":
             return message_item(self.id, text, status)
+        if self.kind == "reasoning":
+            return reasoning_item(self.id, text, status, seal)
         call = {
             "id": self.item["call_id"],
             "function": {"name": self.item["name"], "arguments": text},
@@ -121,7 +132,7 @@ class ResponseEventWriter:
         failed = {"code": error.code or error.error_type, "message": error.message}
         output = [*self._items]
         if self._open is not None:
-            output.append(self._open.finished("incomplete"))
+            output.append(self._open.finished("incomplete", self._envelope.seal))
         response = self._envelope.body("failed", output, None, error=failed)
         detail = {"type": "error", "code": failed["code"], "message": error.message}
         return self._event({**detail, "param": error.param}) + self._event(
@@ -145,27 +156,31 @@ class ResponseEventWriter:
 
     def _choice(self, choice: dict[str, Any]) -> Iterator[bytes]:
         delta = choice.get("delta") or {}
+        thought = delta.get("reasoning")
+        if thought:
+            yield from self._text_delta("reasoning", "response.reasoning_text.delta", thought)
         text = delta.get("content")
         if text:
-            if self._open is None or not self._open.is_message:
-                yield from self._close_open("completed")
-                yield from self._open_message()
-            assert self._open is not None
-            self._open.parts.append(text)
-            yield self._event(
-                {
-                    "type": "response.output_text.delta",
-                    "item_id": self._open.id,
-                    "output_index": self._open.index,
-                    "content_index": 0,
-                    "delta": text,
-                    "logprobs": [],
-                }
-            )
+            yield from self._text_delta("message", "response.output_text.delta", text, logprobs=[])
         for call in delta.get("tool_calls") or []:
             yield from self._call_delta(call)
         if choice.get("finish_reason") is not None:
             self._finish_reason = choice["finish_reason"]
+
+    def _text_delta(self, kind: str, event: str, text: str, **extra: Any) -> Iterator[bytes]:
+        """`text` added to the open item of `kind` (opened first if another is open)."""
+        item = yield from self._opened(kind)
+        item.parts.append(text)
+        yield self._event(
+            {
+                "type": event,
+                "item_id": item.id,
+                "output_index": item.index,
+                "content_index": 0,
+                "delta": text,
+                **extra,
+            }
+        )
 
     def _call_delta(self, call: dict[str, Any]) -> Iterator[bytes]:
         index = call.get("index", 0)
@@ -197,6 +212,18 @@ class ResponseEventWriter:
                 }
             )
 
+    def _opened(self, kind: str) -> Generator[bytes, None, _OpenItem]:
+        """The open item of `kind` (a message or the reasoning), the one open before closed
+        and this one added when it is of another kind."""
+        if self._open is None or self._open.kind != kind:
+            yield from self._close_open("completed")
+            if kind == "reasoning":
+                yield from self._open_reasoning()
+            else:
+                yield from self._open_message()
+        assert self._open is not None
+        return self._open
+
     def _open_message(self) -> Iterator[bytes]:
         added = {
             "id": new_item_id("msg"),
@@ -205,6 +232,20 @@ class ResponseEventWriter:
             "status": "in_progress",
             "content": [],
         }
+        yield from self._added(added, output_text(""))
+
+    def _open_reasoning(self) -> Iterator[bytes]:
+        added: Item = {
+            "id": new_item_id("rs"),
+            "type": "reasoning",
+            "summary": [],
+            "content": [],
+            "encrypted_content": None,
+            "status": "in_progress",
+        }
+        yield from self._added(added, reasoning_text(""))
+
+    def _added(self, added: Item, part: dict[str, Any]) -> Iterator[bytes]:
         item = self._open = _OpenItem(len(self._items), added)
         yield self._event(
             {"type": "response.output_item.added", "output_index": item.index, "item": added}
@@ -215,7 +256,7 @@ class ResponseEventWriter:
                 "item_id": item.id,
                 "output_index": item.index,
                 "content_index": 0,
-                "part": output_text(""),
+                "part": part,
             }
         )
 
@@ -224,32 +265,31 @@ class ResponseEventWriter:
         if item is None:
             return
         self._open = None
-        finished = item.finished(status)
-        place = {"item_id": item.id, "output_index": item.index}
-        if item.is_message:
-            text = finished["content"][0]["text"]
+        finished = item.finished(status, self._envelope.seal)
+        place = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        if item.kind == "message":
+            part = finished["content"][0]
             yield self._event(
                 {
                     "type": "response.output_text.done",
                     **place,
-                    "content_index": 0,
-                    "text": text,
+                    "text": part["text"],
                     "logprobs": [],
                 }
             )
+            yield self._event({"type": "response.content_part.done", **place, "part": part})
+        elif item.kind == "reasoning":
+            part = finished["content"][0]
             yield self._event(
-                {
-                    "type": "response.content_part.done",
-                    **place,
-                    "content_index": 0,
-                    "part": output_text(text),
-                }
+                {"type": "response.reasoning_text.done", **place, "text": part["text"]}
             )
+            yield self._event({"type": "response.content_part.done", **place, "part": part})
         else:
             yield self._event(
                 {
                     "type": "response.function_call_arguments.done",
-                    **place,
+                    "item_id": item.id,
+                    "output_index": item.index,
                     "name": finished["name"],
                     "arguments": finished["arguments"],
                 }
@@ -258,3 +298,9 @@ class ResponseEventWriter:
             {"type": "response.output_item.done", "output_index": item.index, "item": finished}
         )
         self._items.append(finished)
+
+    # ---- keeping a silent stream alive (`http.sse`) --------------------------------------
+
+    def ping(self) -> bytes:
+        """A comment, not an event: it takes no sequence number."""
+        return SSE_KEEPALIVE

@@ -1,10 +1,10 @@
 """The Responses API's format: the response object, rendered from the chat format's.
 
 `ResponsesFormat` wraps the chat format of the run the request became: the chat format turns
-a completion into a chat message (text, and tool calls once the chat format makes them), and
-this turns that message into Responses output items (a `message` with `output_text`,
-`function_call`s). Its stream is `response_events`. Cache hits render through it too, so they
-answer identically.
+a completion into a chat message (thoughts, text, and tool calls once the chat format makes
+them), and this turns that message into Responses output items (a `reasoning` item, a
+`message` with `output_text`, `function_call`s). Its stream is `response_events`. Cache hits
+render through it too, so they answer identically.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ class ResponsesFormat:
         chat = self.chat.response(completion)
         choice = chat["choices"][0]
         status = status_of(choice.get("finish_reason"))
-        output = output_items(choice["message"], status == "incomplete")
+        output = output_items(choice["message"], status == "incomplete", self.envelope.seal)
         self.final = self.envelope.body(status, output, response_usage(completion.usage))
         return self.final
 
     def renewed(self) -> ResponsesFormat:
         """The same format for another response: its own ids and creation time."""
-        envelope = ResponseEnvelope(self.envelope.model, self.envelope.echo)
+        old = self.envelope
+        envelope = ResponseEnvelope(old.model, old.echo, seal=old.seal)
         return ResponsesFormat(self.chat.renewed(), envelope)
 
     def renders_alike(self) -> bool:

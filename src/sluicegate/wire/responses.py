@@ -6,8 +6,14 @@ into the body of a chat completion request, in OpenAI's chat shapes (`tools`, `t
 `response_format`, tool messages). Whatever the chat request accepts, the Responses API then
 accepts; what it refuses comes back as a 400 naming the Responses parameter (`param_for`).
 
+Reasoning: `reasoning.effort` becomes the chat request's `reasoning_effort`; `reasoning`
+items in `input` become the reasoning of the assistant turn they belong to
+(`wire.response_items`), their `encrypted_content` opened first with the gateway's seal
+(`ResponsesRequest.opened`).
+
 What this server cannot do is refused here, by name: built-in tools, background runs,
-reasoning effort, image/file/audio inputs, `include`, conversations.
+image/file/audio inputs, `include` values other than `reasoning.encrypted_content`,
+conversations.
 """
 
 from __future__ import annotations
@@ -16,19 +22,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sluicegate.wire.requests import INT64_MAX, MAX_MESSAGES, Truncation, _check_texts, _Model
-
-Item = dict[str, Any]
-"""An input or output item, as JSON (messages, function calls and their outputs)."""
+from sluicegate.wire.reasoning_seal import ReasoningSeal
+from sluicegate.wire.requests import (
+    INT64_MAX,
+    MAX_MESSAGES,
+    ReasoningEffort,
+    Truncation,
+    _check_texts,
+    _Model,
+)
+from sluicegate.wire.response_items import Item as Item
+from sluicegate.wire.response_items import chat_messages, check_item, item_texts, opened
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
-_ROLES = ("user", "system", "developer", "assistant")
-_TEXT_PARTS = ("input_text", "output_text")
-_OUTPUT_FIELDS = ("type", "call_id", "output", "id", "status")
-_PART_FIELDS = ("type", "text")
-_STATUSES = ("in_progress", "completed", "incomplete")
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+"""The one `include` value this server produces: reasoning items carry their text sealed."""
 
 
 class FunctionTool(_Model):
@@ -86,9 +96,19 @@ class TextOptions(_Model):
     verbosity: Literal["medium"] | None = None
 
 
+ReasoningSummary = Literal["auto", "concise", "detailed"]
+
+
 class Reasoning(_Model):
-    effort: Literal["none"] | None = None
-    summary: None = None
+    effort: ReasoningEffort | None = None
+    """The chat request's `reasoning_effort` (OpenAI's values, and DeepSeek's `max`)."""
+    summary: ReasoningSummary | None = None
+    """Accepted; no summary is made (a reasoning item's `summary` stays empty, as vLLM's)."""
+    generate_summary: ReasoningSummary | None = None
+    """`summary`'s deprecated name."""
+
+    def echo(self) -> dict[str, Any]:
+        return {"effort": self.effort, "summary": self.summary or self.generate_summary}
 
 
 class ResponsesRequest(_Model):
@@ -108,10 +128,11 @@ class ResponsesRequest(_Model):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Truncation = "disabled"
-    # What this server cannot do: refused when set (a 400 naming the parameter).
     reasoning: Reasoning | None = None
-    background: bool | None = None
     include: list[str] | None = None
+    """Only `reasoning.encrypted_content`; any other value is refused."""
+    # What this server cannot do: refused when set (a 400 naming the parameter).
+    background: bool | None = None
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: int | None = None
@@ -152,10 +173,18 @@ class ResponsesRequest(_Model):
 
     @field_validator("include")
     @classmethod
-    def _nothing_to_include(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError(f"{value[0]!r} is not supported by this server")
+    def _includable(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            if name != ENCRYPTED_REASONING:
+                raise ValueError(
+                    f"{name!r} is not supported by this server (only {ENCRYPTED_REASONING!r} is)"
+                )
         return value
+
+    @property
+    def seals_reasoning(self) -> bool:
+        """Whether reasoning items carry their text sealed (`encrypted_content`)."""
+        return ENCRYPTED_REASONING in (self.include or ())
 
     @field_validator("metadata")
     @classmethod
@@ -189,7 +218,7 @@ class ResponsesRequest(_Model):
         if not value:
             raise ValueError("input must not be empty")
         items = [check_item(item, i) for i, item in enumerate(value)]
-        _check_texts([text for item in items for text in _item_texts(item)], lambda _: ())
+        _check_texts([text for item in items for text in item_texts(item)], lambda _: ())
         return items
 
     def input_items(self) -> list[Item]:
@@ -197,6 +226,13 @@ class ResponsesRequest(_Model):
         if isinstance(self.input, str):
             return [{"type": "message", "role": "user", "content": self.input}]
         return self.input
+
+    def opened(self, seal: ReasoningSeal) -> ResponsesRequest:
+        """The request with its reasoning items' `encrypted_content` opened (`opened`)."""
+        if isinstance(self.input, str):
+            return self
+        items = opened(self.input, seal)
+        return self if items is self.input else self.model_copy(update={"input": items})
 
     def echo(self) -> dict[str, Any]:
         """The request's parameters as the response object repeats them."""
@@ -214,123 +250,12 @@ class ResponsesRequest(_Model):
             "metadata": self.metadata or {},
             "truncation": self.truncation,
             "user": self.user,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": (self.reasoning or Reasoning()).echo(),
             "background": False,
             "service_tier": "default",
             "top_logprobs": 0,
             "max_tool_calls": None,
         }
-
-
-class InvalidItem(ValueError):
-    """An input item this server cannot take; the message names where."""
-
-
-def check_item(item: Any, index: int) -> Item:
-    """The item, checked: a message (its content a string or text parts), a function call or
-    a function call's output. Anything else (images, files, reasoning, built-in tool calls,
-    item references) is refused."""
-    where = f"input[{index}]"
-    if not isinstance(item, dict):
-        raise InvalidItem(f"{where} must be an object")
-    kind = item.get("type", "message")
-    if kind == "message":
-        if item.get("role") not in _ROLES:
-            raise InvalidItem(f"{where}.role must be one of {', '.join(_ROLES)}")
-        content = item.get("content")
-        if isinstance(content, str):
-            return item
-        if not isinstance(content, list):
-            raise InvalidItem(f"{where}.content must be a string or a list of text parts")
-        for j, part in enumerate(content):
-            part_type = part.get("type") if isinstance(part, dict) else None
-            if part_type not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-                raise InvalidItem(
-                    f"{where}.content[{j}]: only input_text and output_text parts are "
-                    f"supported; {part_type!r} inputs are not supported by this server"
-                )
-        return item
-    if kind == "function_call":
-        for name in ("call_id", "name", "arguments"):
-            if not isinstance(item.get(name), str):
-                raise InvalidItem(f"{where}.{name} must be a string")
-        return item
-    if kind == "function_call_output":
-        _only_fields(item, _OUTPUT_FIELDS, where, "a function_call_output item")
-        if not isinstance(item.get("call_id"), str):
-            raise InvalidItem(f"{where}.call_id must be a string")
-        if not isinstance(item.get("id", ""), str):
-            raise InvalidItem(f"{where}.id must be a string")
-        if item.get("status", "completed") not in _STATUSES:
-            raise InvalidItem(f"{where}.status must be one of {', '.join(_STATUSES)}")
-        output = item.get("output")
-        if not isinstance(output, str | list):
-            raise InvalidItem(f"{where}.output must be a string or a list of text parts")
-        for j, part in enumerate(output if isinstance(output, list) else ()):
-            part_where = f"{where}.output[{j}]"
-            if (
-                not isinstance(part, dict)
-                or part.get("type", "input_text") not in _TEXT_PARTS
-                or not isinstance(part.get("text"), str)
-            ):
-                raise InvalidItem(f"{part_where}: only input_text parts are supported")
-            _only_fields(part, _PART_FIELDS, part_where, "a text part")
-        return item
-    raise InvalidItem(f"{where}: items of type {kind!r} are not supported by this server")
-
-
-def _only_fields(value: dict[str, Any], known: tuple[str, ...], where: str, what: str) -> None:
-    # Refused rather than dropped: a field this server does not know may carry meaning the
-    # client expects kept, and what is not checked is not stored (`identified`).
-    for name in value:
-        if name not in known:
-            raise InvalidItem(
-                f"{where}.{name} is not a field of {what} (its fields: {', '.join(known)})"
-            )
-
-
-def _item_texts(item: Item) -> list[str]:
-    texts: list[str] = []
-    fields = ("content", "output", "arguments", "name", "call_id")
-    for value in (item.get(field) for field in fields):
-        if isinstance(value, str):
-            texts.append(value)
-        elif isinstance(value, list):
-            texts += [p["text"] for p in value]
-    return texts
-
-
-def _text(content: str | list[dict[str, Any]]) -> str:
-    return content if isinstance(content, str) else "".join(p["text"] for p in content)
-
-
-def chat_messages(items: list[Item], instructions: str | None = None) -> list[dict[str, Any]]:
-    """The conversation as chat messages: `instructions` first (a system message), message
-    items as messages, a run of function calls as one assistant message's `tool_calls`, and
-    each function call's output as a `tool` message."""
-    messages: list[dict[str, Any]] = []
-    if instructions is not None:
-        messages.append({"role": "system", "content": instructions})
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            messages.append({"role": item["role"], "content": _text(item["content"])})
-        elif kind == "function_call":
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        else:  # function_call_output
-            messages.append(
-                {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])}
-            )
-    return messages
 
 
 def chat_body(request: ResponsesRequest, history: list[Item]) -> dict[str, Any]:
@@ -348,6 +273,8 @@ def chat_body(request: ResponsesRequest, history: list[Item]) -> dict[str, Any]:
             body[name] = value
     if request.max_output_tokens is not None:
         body["max_completion_tokens"] = request.max_output_tokens
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        body["reasoning_effort"] = request.reasoning.effort
     if request.tools:
         body["tools"] = [tool.chat() for tool in request.tools]
         body["parallel_tool_calls"] = request.parallel_tool_calls
@@ -370,6 +297,7 @@ _CHAT_TO_RESPONSES = {
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
 }
 
 

@@ -127,6 +127,10 @@ class NamedStream(ToolStream):
         self._held = text[len(body) :]
         if body:
             call.arguments.append(body)
+        if not call.arguments:
+            # The call opens with its first argument text: a delta with none (the thoughts
+            # before it, split off) must not open it ahead of them.
+            return Rendered()
         return Rendered(calls=self._pending())
 
 

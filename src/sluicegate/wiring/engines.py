@@ -57,6 +57,7 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         chat_template=chat_template(settings),
         tool_call_parser=tool_call_parser(settings),
         reasoning_parser=reasoning_parser(settings),
+        reasoning_parser_plugin=reasoning_plugin(settings),
         lora=lora,
     )
 
@@ -70,11 +71,13 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
     )
     urls = tuple(settings.upstreams)
     tokenizer, model, max_model_len = settings.tokenizer, None, settings.max_model_len
+    parser = reasoning_parser(settings)
     if entry is not None:
         urls = tuple((u.url, u.weight) for u in entry.upstreams)
         key = None if entry.api_key_env is None else os.environ.get(entry.api_key_env)
         tokenizer, model = entry.tokenizer, entry.upstream_model
         max_model_len = entry.max_model_len or settings.max_model_len
+        parser = entry.reasoning_parser
     affinity = None
     if settings.upstream_prefix_affinity:
         affinity = AffinityConfig(settings.upstream_affinity_chars, settings.upstream_affinity_load)
@@ -112,6 +115,8 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
         health_failures=settings.upstream_health_failures,
         start_timeout=settings.upstream_start_timeout,
         tokenizer=tokenizer,
+        reasoning_parser=parser,
+        reasoning_parser_plugin=reasoning_plugin(settings),
         served_model_name=settings.served_model_name if entry is None else entry.name,
         model=model,
         max_model_len=max_model_len,
@@ -140,6 +145,12 @@ def reasoning_parser(settings: Settings) -> str | None:
     """The reasoning parser of the in-process model: the setting (`none` for none)."""
     name = settings.reasoning_parser
     return None if name is None or name.lower() == "none" else name
+
+
+def reasoning_plugin(settings: Settings) -> str | None:
+    """The file registering more reasoning parsers (`REASONING_PARSER_PLUGIN`), as a path."""
+    plugin = settings.reasoning_parser_plugin
+    return None if plugin is None else str(plugin)
 
 
 LocalFactory = Callable[[Settings], Awaitable[EngineClient]]

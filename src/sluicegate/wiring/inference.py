@@ -77,6 +77,7 @@ def timeouts(settings: Settings) -> Timeouts:
         request=settings.request_timeout,
         stream_stall=settings.stream_stall_timeout,
         ping_after=settings.stream_ping_after,
+        keepalive=settings.stream_keepalive_interval,
     )
 
 

@@ -155,7 +155,7 @@ def test_an_error_after_the_first_byte_is_an_error_event(
             {"thinking": {"type": "enabled", "budget_tokens": 2048}},
             400,
             "invalid_request_error",
-            "thinking",
+            "'thinking.budget_tokens': must be less than max_tokens (16)",
         ),
         (
             {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},

@@ -119,7 +119,8 @@ def test_an_unknown_previous_response_is_a_400(sdk: openai.OpenAI) -> None:
     [
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"background": True}, "background"),
-        ({"reasoning": {"effort": "low"}}, "reasoning.effort"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
         ({"model": "other"}, "model"),
     ],

@@ -7,7 +7,7 @@ from typing import Any
 from sluicegate.conversation.fitted import fitted_items, message_groups
 from sluicegate.inference.truncation import TruncatedChat
 from sluicegate.wire.response_body import identified
-from sluicegate.wire.responses import Item, chat_messages
+from sluicegate.wire.response_items import Item, chat_messages
 
 ITEMS: list[Item] = identified(
     [
@@ -68,3 +68,34 @@ def test_without_instructions_positions_start_at_the_first_item() -> None:
     messages = chat_messages(ITEMS)
     fit = TruncatedChat([], messages[2:], (2, 3, 4), ("drop_turns",))
     assert fitted_items(ITEMS, fit, instructions=False) == ITEMS[4:]
+
+
+REASONED: list[Item] = identified(
+    [
+        {"role": "user", "content": "Old question."},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "T"}]},
+        {"role": "assistant", "content": "Old  answer. Long."},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"},
+        {"role": "user", "content": "New question?"},
+    ]
+)
+
+
+def test_a_turns_reasoning_is_grouped_with_its_text_and_calls() -> None:
+    messages = chat_messages(REASONED, "Be brief.")
+    assert message_groups(REASONED, True) == [[], [0], [1, 2, 3], [4], [5]]
+    assert len(message_groups(REASONED, True)) == len(messages)
+    assert messages[2]["reasoning"] == "T" and messages[2]["content"] == "Old  answer. Long."
+
+
+def test_a_fitted_turn_keeps_its_reasoning_and_its_text_as_cut() -> None:
+    messages = chat_messages(REASONED, "Be brief.")
+    cut = {**messages[2], "content": "Long."}
+    fit = TruncatedChat([], [messages[0], cut, *messages[3:]], (0, 2, 3, 4), ("cut_turn",))
+    kept = fitted_items(REASONED, fit, instructions=True)
+    assert kept[0] == REASONED[1]  # the reasoning item, untouched
+    assert kept[1] == {**REASONED[2], "content": [{"type": "output_text", "text": "Long."}]}
+    assert kept[2:] == REASONED[3:]
+    dropped = TruncatedChat([], [messages[0], *messages[3:]], (0, 3, 4), ("drop_turns",))
+    assert fitted_items(REASONED, dropped, instructions=True) == REASONED[4:]

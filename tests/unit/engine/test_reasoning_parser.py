@@ -191,3 +191,63 @@ def test_a_failing_parser_ends_the_split_not_the_answer(
     assert stream.count() == 0
     failures = [r for r in caplog.records if "step3" in r.getMessage()]
     assert len(failures) == 2  # once for the split, once for the count
+
+
+@pytest.mark.parametrize(("name", "output"), list(cases()))
+def test_text_alone_splits_as_its_tokens_do(
+    tokenizers: dict[str, Any], name: str, output: str
+) -> None:
+    """An upstream's deltas come as text: with `encodes_text`, their ids are the tokenizer's
+    encoding of it, and the split is the one the engine's ids give (one token a delta, as
+    vLLM's server streams)."""
+    tokenizer = tokenizers[name]
+    pieces = _pieces(tokenizer, output, 1)
+    with_ids = VLLMReasoningParser(name, tokenizer).stream(PROMPT, {})
+    text_only = VLLMReasoningParser(name, tokenizer, encodes_text=True).stream(PROMPT, {})
+    for i, (text, ids) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        assert text_only.feed(text, (), last) == with_ids.feed(text, ids, last), (i, text)
+    assert text_only.count() == with_ids.count()
+
+
+def test_text_alone_is_not_split_without_encodes_text(tokenizers: dict[str, Any]) -> None:
+    """The control: deepseek_r1 finds its end marker by id, so text without ids stays
+    thoughts."""
+    stream = VLLMReasoningParser("deepseek_r1", tokenizers["deepseek_r1"]).stream(PROMPT, {})
+    stream.feed("Hmm.", (), False)
+    assert stream.feed("</think>", (), False) == ("</think>", "")
+
+
+PLUGIN = '''
+from vllm.reasoning import ReasoningParserManager
+from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
+
+
+@ReasoningParserManager.register_module("{name}")
+class Plugged(DeepSeekR1ReasoningParser):
+    """deepseek_r1's split, under a name of the plugin's own."""
+'''
+
+
+def test_a_plugin_file_adds_parsers_by_name(tokenizers: dict[str, Any], tmp_path: Path) -> None:
+    name = f"plugged_{tmp_path.name}"
+    plugin = tmp_path / "parsers.py"
+    plugin.write_text(PLUGIN.format(name=name))
+    with pytest.raises(ReasoningParserError, match="unknown reasoning parser"):
+        VLLMReasoningParser(name, tokenizers["deepseek_r1"])
+    parser = VLLMReasoningParser(name, tokenizers["deepseek_r1"], plugin=str(plugin))
+    stream = parser.stream(PROMPT, {})
+    pieces = _pieces(tokenizers["deepseek_r1"], "<think>Hmm.</think>Paris.", 1)
+    split = [stream.feed(t, ids, i == len(pieces) - 1) for i, (t, ids) in enumerate(pieces)]
+    assert ("".join(r for r, _ in split), "".join(c for _, c in split)) == ("Hmm.", "Paris.")
+
+
+def test_a_plugin_that_fails_to_load_is_named(tmp_path: Path) -> None:
+    from sluicegate.engine.reasoning_parser import load_reasoning_plugin
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('no')\n")
+    with pytest.raises(ReasoningParserError, match=r"broken\.py failed to load: RuntimeError"):
+        load_reasoning_plugin(str(broken))
+    with pytest.raises(ReasoningParserError, match="is no file"):
+        load_reasoning_plugin(str(tmp_path / "absent.py"))

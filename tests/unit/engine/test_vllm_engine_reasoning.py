@@ -36,6 +36,15 @@ def test_the_engine_core_gets_the_parser() -> None:
     assert engine_arguments(config, on_gpu=False)["reasoning_parser"] == "step3"
     plain = EngineConfig(model="m", served_model_name="m")
     assert "reasoning_parser" not in engine_arguments(plain, on_gpu=False)
+    plugged = EngineConfig(
+        model="m", served_model_name="m", reasoning_parser="mine", reasoning_parser_plugin="/p.py"
+    )
+    arguments = engine_arguments(plugged, on_gpu=False)
+    assert (arguments["reasoning_parser"], arguments["reasoning_parser_plugin"]) == (
+        "mine",
+        "/p.py",
+    )
+    assert "reasoning_parser_plugin" not in engine_arguments(config, on_gpu=False)
 
 
 async def test_deltas_carry_their_token_ids_only_for_a_parser() -> None:

@@ -225,11 +225,15 @@ async def test_a_client_gone_between_the_first_event_and_the_stream_ends_it() ->
     assert connection.calls == 1
 
 
+def opening() -> bytes:
+    return b"event: open\n\n"
+
+
 async def test_one_watcher_with_a_keepalive_whether_the_first_event_is_late_or_not() -> None:
     # Late: the first event 0.3 s after a keep-alive of 0.05 s. On time: 1 ms after one of
     # 5 s (room for a loaded machine, which only makes the test take longer).
     for every, after, pinged in ((0.3, 0.05, True), (0.001, 5.0, False)):
-        keepalive = Keepalive(lambda: b"event: open\n\n", b": ping\n\n", after, every=0.05)
+        keepalive = Keepalive(b": ping\n\n", 5.0, after=after, opening=opening)
         connection = Connection()
         source = Finite(count=2, every=every)
         response = await open_event_stream(

@@ -100,7 +100,22 @@ def test_the_issues_example_is_read_as_written() -> None:
         ),
         (
             "models:\n  - {name: a, engine: local, tokenizer: /t}\n",
-            "model 'a': tokenizer, upstream_model and api_key_env are for upstreams",
+            "model 'a': tokenizer, upstream_model, api_key_env and reasoning_parser are for "
+            "upstreams",
+        ),
+        (
+            "models:\n  - {name: a, engine: local, reasoning_parser: qwen3}\n",
+            "reasoning_parser are for upstreams; the local engine is configured by the "
+            "SLUICEGATE_* engine settings",
+        ),
+        (
+            "models:\n  - {name: a, upstreams: [{url: 'http://h/v1'}], reasoning_parser: qwen3}\n",
+            "model 'a': reasoning_parser needs the model's `tokenizer`",
+        ),
+        (
+            "models:\n  - {name: a, upstreams: [{url: 'http://h/v1'}], tokenizer: /t,"
+            " reasoning_parser: qwen3, kind: embedding}\n",
+            "model 'a': reasoning_parser is for chat models",
         ),
         (
             "models:\n  - {name: a, upstreams: [{url: 'http://h:8000'}]}\n",
@@ -144,3 +159,11 @@ def test_fallbacks_may_share_a_model_without_a_cycle() -> None:
           - {name: c, upstreams: [{url: 'http://c/v1'}]}
         """
     ) == ["a", "b", "c"]
+
+
+def test_an_upstream_entry_takes_a_reasoning_parser_with_its_tokenizer() -> None:
+    (entry,) = parse_models_file(
+        "models:\n  - {name: r1, upstreams: [{url: 'http://h/v1'}], tokenizer: /models/r1,"
+        " reasoning_parser: deepseek_r1}\n"
+    )
+    assert (entry.reasoning_parser, entry.tokenizer) == ("deepseek_r1", "/models/r1")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
 
+from sluicegate.wire.message_thinking import SignedThought
 from sluicegate.wire.messages import (
+    CountTokensRequest,
     MessagesRequest,
     UnsupportedBlockError,
     chat_body,
     param_for,
 )
+from sluicegate.wire.reasoning_seal import text_digest
 
 
 def request(**extra: Any) -> MessagesRequest:
@@ -131,22 +135,126 @@ def test_a_block_the_model_cannot_read_is_refused_where_it_is() -> None:
     assert caught.value.param == "messages.0.content.1" and "text only" in str(caught.value)
 
 
-def test_thoughts_of_an_earlier_turn_are_left_out() -> None:
-    turns = [
+def thinking_turns(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
+    """A user turn, an assistant turn of `blocks` then text, and a user turn."""
+    return [
         {"role": "user", "content": "hi"},
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "thinking", "thinking": "hmm", "signature": "s"},
-                {"type": "text", "text": "Hello"},
-            ],
-        },
+        {"role": "assistant", "content": [*blocks, {"type": "text", "text": "Hello"}]},
         {"role": "user", "content": "again"},
     ]
-    assert chat_body(request(messages=turns))["messages"][1] == {
+
+
+def test_thinking_blocks_are_the_turns_reasoning_and_recorded_to_verify() -> None:
+    sent = request(
+        messages=thinking_turns(
+            {"type": "thinking", "thinking": "First, ", "signature": "sig-a"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "thinking", "thinking": "then.", "signature": "sig-b"},
+        )
+    )
+    # Several blocks are one text, joined as vLLM's server joins them; redacted ones dropped.
+    assert sent.chat_body()["messages"][1] == {
         "role": "assistant",
         "content": "Hello",
+        "reasoning": "First, then.",
     }
+    assert sent.signed_thoughts() == (
+        SignedThought("messages.1.content.0.signature", text_digest("First, "), "sig-a"),
+        SignedThought("messages.1.content.2.signature", text_digest("then."), "sig-b"),
+    )
+
+
+def test_the_thoughts_to_verify_survive_the_worker_process_conversion() -> None:
+    turns = thinking_turns({"type": "thinking", "thinking": "Hmm.", "signature": "sig"})
+    sent = request(messages=turns)
+    back = pickle.loads(pickle.dumps(sent.converted()))
+    assert back.messages == []
+    assert back.signed_thoughts() == (
+        SignedThought("messages.1.content.0.signature", text_digest("Hmm."), "sig"),
+    )
+    assert back.chat_body()["messages"][1]["reasoning"] == "Hmm."
+
+
+@pytest.mark.parametrize(
+    ("block", "param"),
+    [
+        ({"type": "thinking", "thinking": "Hm"}, "messages.1.content.0.signature"),
+        ({"type": "thinking", "thinking": "Hm", "signature": 7}, "messages.1.content.0.signature"),
+        ({"type": "thinking", "signature": "sig"}, "messages.1.content.0.thinking"),
+    ],
+)
+def test_a_thinking_block_without_its_text_or_signature_is_refused_where_it_is(
+    block: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(UnsupportedBlockError) as caught:
+        chat_body(request(messages=thinking_turns(block)))
+    assert caught.value.param == param
+
+
+def test_thinking_in_a_user_turn_is_refused() -> None:
+    turns = [{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": "s"}]}]
+    with pytest.raises(UnsupportedBlockError) as caught:
+        chat_body(request(messages=turns))
+    assert caught.value.param == "messages.0.content.0"
+
+
+@pytest.mark.parametrize(
+    ("extra", "fields"),
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, {"thinking_token_budget": 1024}),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 2000, "display": "omitted"}},
+            {"thinking_token_budget": 2000},
+        ),
+        ({"thinking": {"type": "disabled"}}, {"reasoning_effort": "none"}),
+        ({"thinking": {"type": "adaptive", "display": "summarized"}}, {}),
+        ({"output_config": {"effort": "high"}}, {"reasoning_effort": "high"}),
+        (
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}},
+            {"reasoning_effort": "max"},
+        ),
+        # As vLLM's server: disabled thinking wins over an effort.
+        (
+            {"thinking": {"type": "disabled"}, "output_config": {"effort": "low"}},
+            {"reasoning_effort": "none"},
+        ),
+        ({}, {}),
+    ],
+)
+def test_thinking_and_effort_become_the_chat_reasoning_fields(
+    extra: dict[str, Any], fields: dict[str, Any]
+) -> None:
+    body = chat_body(request(max_tokens=4096, temperature=0.7, top_p=0.9, top_k=20, **extra))
+    got = {k: body[k] for k in ("reasoning_effort", "thinking_token_budget") if k in body}
+    assert got == fields
+    # Sampling stays with thinking on, as vLLM's server allows it.
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.9, 20)
+
+
+def test_count_tokens_takes_thinking_and_gives_the_template_its_effort() -> None:
+    turns = thinking_turns({"type": "thinking", "thinking": "Hmm.", "signature": "forged"})
+    counted = CountTokensRequest.model_validate(
+        {"model": "m", "messages": turns, "thinking": {"type": "disabled"}}
+    ).chat_body()
+    assert counted["reasoning_effort"] == "none"
+    assert counted["messages"][1]["reasoning"] == "Hmm."
+    budgeted = CountTokensRequest.model_validate(
+        {"model": "m", "messages": turns, "thinking": {"type": "enabled", "budget_tokens": 9999}}
+    ).chat_body()
+    assert "thinking_token_budget" not in budgeted and "reasoning_effort" not in budgeted
+
+
+def test_claude_codes_billing_header_is_left_out_of_the_system_prompt() -> None:
+    billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=4f1e;"}
+    system = [
+        billing,
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+    ]
+    assert chat_body(request(system=system))["messages"][0] == {
+        "role": "system",
+        "content": "You are Claude Code.",
+    }
+    assert chat_body(request(system=[billing]))["messages"][0]["role"] == "user"
 
 
 def test_chat_parameters_name_the_messages_ones() -> None:
@@ -154,3 +262,5 @@ def test_chat_parameters_name_the_messages_ones() -> None:
     assert param_for("messages.3.content") == "messages"
     assert param_for("max_completion_tokens") == "max_tokens"
     assert param_for("temperature") == "temperature"
+    assert param_for("thinking_token_budget") == "thinking.budget_tokens"
+    assert param_for("reasoning_effort") == "output_config.effort"

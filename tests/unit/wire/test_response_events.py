@@ -1,5 +1,6 @@
 """The Responses stream from a fake delta source: event order, numbering, the final object,
-tool calls (from a fake chat format that makes them), failures, and cached replays."""
+tool calls (from a fake chat format that makes them), reasoning, failures, and cached
+replays."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sluicegate.errors import EngineUnavailableError
 from sluicegate.wire.completion import ChoiceState, Collector, Completion
 from sluicegate.wire.events import render_cached, stream_writer
 from sluicegate.wire.formats import ChatFormat, chat_format
+from sluicegate.wire.reasoning_seal import ReasoningSeal
 from sluicegate.wire.response_body import ResponseEnvelope
 from sluicegate.wire.response_format import ResponsesFormat
 from sluicegate.wire.responses import ResponsesRequest
@@ -29,9 +31,12 @@ TEXT_EVENTS = [
 ]
 
 
-def responses_format(chat: ChatFormat | None = None) -> ResponsesFormat:
+def responses_format(
+    chat: ChatFormat | None = None, seal: ReasoningSeal | None = None
+) -> ResponsesFormat:
     echo = ResponsesRequest(model="m", input="hi").echo()
-    return ResponsesFormat(chat or chat_format("m", False), ResponseEnvelope("m", echo))
+    envelope = ResponseEnvelope("m", echo, seal=seal)
+    return ResponsesFormat(chat or chat_format("m", False, reasons=True), envelope)
 
 
 def fake_deltas(words: list[str], finish: str = "stop") -> list[ChoiceDelta]:
@@ -199,3 +204,131 @@ def test_a_cached_completion_renders_the_same_body() -> None:
     body = json.loads(render_cached(fmt, collector.completion(4), False, False).body)
     assert body == fmt.final and body["output"][0]["content"][0]["text"] == "xy"
     assert body["id"].startswith("resp_") and body["output"][0]["id"].startswith("msg_")
+
+
+REASONING_EVENTS = [
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+
+
+def thinking(thoughts: list[str], words: list[str], finish: str = "stop") -> list[ChoiceDelta]:
+    """Thoughts first, then words, as a reasoning parser splits them."""
+    deltas = [ChoiceDelta(0, "", 1, None, reasoning=t) for t in thoughts]
+    deltas += fake_deltas(words, finish) if words else []
+    deltas[-1].reasoning_tokens = len(thoughts)
+    if not words:
+        deltas[-1].finish_reason = finish  # type: ignore[assignment]
+    return deltas
+
+
+def test_reasoning_streams_as_its_own_item_before_the_message() -> None:
+    events = parse(live_stream(responses_format(), thinking(["Th", "ink."], ["Hel", "lo"])))
+    names = [n for n, _ in events]
+    assert names == [*TEXT_EVENTS[:2], *REASONING_EVENTS, *TEXT_EVENTS[2:]]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    added = events[2][1]["item"]
+    assert added["type"] == "reasoning" and added["status"] == "in_progress"
+    assert events[3][1]["part"] == {"type": "reasoning_text", "text": ""}
+    reasoning = [d for n, d in events[2:9]]
+    assert all(d["output_index"] == 0 for d in reasoning)
+    assert all(d["item_id"] == added["id"] for d in reasoning[1:-1])
+    assert [d["delta"] for d in reasoning[2:4]] == ["Th", "ink."]
+    assert reasoning[4]["text"] == "Think." and reasoning[4]["content_index"] == 0
+    assert reasoning[5]["part"] == {"type": "reasoning_text", "text": "Think."}
+    done = reasoning[6]["item"]
+    assert done["id"] == added["id"] and done["status"] == "completed"
+    assert done["content"] == [{"type": "reasoning_text", "text": "Think."}]
+    assert done["encrypted_content"] is None
+    message = [d for _, d in events[9:-1]]
+    assert all(d["output_index"] == 1 for d in message)
+    final = events[-1][1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0] == done and final["output"][1]["content"][0]["text"] == "Hello"
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
+
+
+def test_a_chunk_with_thoughts_and_text_ends_the_reasoning_before_the_text() -> None:
+    both = ChoiceDelta(0, "Hi", 1, "stop", reasoning=" done.", reasoning_tokens=2)
+    deltas = [ChoiceDelta(0, "", 1, None, reasoning="Almost"), both]
+    events = parse(live_stream(responses_format(), deltas))
+    names = [n for n, _ in events]
+    assert names[names.index("response.reasoning_text.done") - 1] == "response.reasoning_text.delta"
+    assert names.index("response.reasoning_text.done") < names.index("response.output_text.delta")
+    final = events[-1][1]["response"]["output"]
+    assert (
+        final[0]["content"][0]["text"] == "Almost done." and final[1]["content"][0]["text"] == "Hi"
+    )
+
+
+def test_with_a_seal_the_done_item_and_the_response_carry_the_text_sealed() -> None:
+    seal = ReasoningSeal([b"e" * 32])
+    events = parse(live_stream(responses_format(seal=seal), thinking(["A", "B"], ["x"])))
+    added, done = [d["item"] for n, d in events if n.startswith("response.output_item")][:2]
+    assert added["encrypted_content"] is None
+    assert seal.open(done["encrypted_content"]) == "AB"
+    assert events[-1][1]["response"]["output"][0] == done
+
+
+def test_a_stream_of_thoughts_only_cut_short_ends_with_the_reasoning_incomplete() -> None:
+    events = parse(live_stream(responses_format(), thinking(["a", "b"], [], finish="length")))
+    assert [n for n, _ in events] == [*TEXT_EVENTS[:2], *REASONING_EVENTS, "response.incomplete"]
+    (item,) = events[-1][1]["response"]["output"]
+    assert item["type"] == "reasoning" and item["status"] == "incomplete"
+
+
+class FakeThinkingToolChatFormat(FakeToolChatFormat):
+    """The fake tool format, its thoughts in chunks of their own before the calls (as the chat
+    format writes them with tools)."""
+
+    def delta_chunks(self, state: ChoiceState, delta: ChoiceDelta) -> list[dict[str, Any]]:
+        if delta.reasoning:
+            choice = {"index": 0, "delta": {"reasoning": delta.reasoning}, "finish_reason": None}
+            return [self.chunk(self.CHUNK, [choice])]
+        return super().delta_chunks(state, delta)
+
+
+def test_thoughts_before_a_tool_call_are_their_own_item() -> None:
+    fmt = responses_format(FakeThinkingToolChatFormat("chatcmpl-x", 0, "m", False))
+    deltas = [ChoiceDelta(0, "", 1, None, reasoning="Call it."), *fake_deltas(['{"a":1}'])]
+    events = parse(live_stream(fmt, deltas))
+    done = [(d["item"]["type"], d["output_index"]) for n, d in events if n.endswith("item.done")]
+    assert done == [("reasoning", 0), ("function_call", 1)]
+    indexes = [d["output_index"] for n, d in events if n.startswith("response.function_call")]
+    assert indexes == [1, 1]
+
+
+def test_a_failure_while_thinking_keeps_the_thoughts_as_incomplete() -> None:
+    writer = stream_writer(responses_format())
+    sent = b"".join(writer.events(ChoiceDelta(0, "", 1, None, reasoning="Hmm")))
+    events = parse(sent + writer.error(EngineUnavailableError()))
+    (item,) = events[-1][1]["response"]["output"]
+    assert item["type"] == "reasoning" and item["status"] == "incomplete"
+    assert item["content"][0]["text"] == "Hmm"
+
+
+def test_a_cached_completion_with_thoughts_replays_and_renders_as_the_live_one() -> None:
+    live_format = responses_format()
+    live = parse(live_stream(live_format, thinking(["p", "q"], ["x", "y"])))
+    collector = Collector([0])
+    for delta in thinking(["p", "q"], ["x", "y"]):
+        collector.add(delta)
+    replay = parse(
+        render_cached(
+            responses_format(), collector.completion(4), stream=True, include_usage=False
+        ).body
+    )
+    assert [n for n, _ in replay] == [n for n, _ in live]
+    body_format = responses_format()
+    body = json.loads(render_cached(body_format, collector.completion(4), False, False).body)
+
+    def shape(response: dict[str, Any]) -> list[Any]:
+        return [{k: v for k, v in i.items() if k != "id"} for i in response["output"]]
+
+    assert shape(body) == shape(replay[-1][1]["response"]) == shape(live[-1][1]["response"])
+    assert body["usage"] == live[-1][1]["response"]["usage"]

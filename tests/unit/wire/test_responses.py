@@ -1,4 +1,5 @@
-"""A Responses request as the chat request it runs as, and what it refuses."""
+"""A Responses request as the chat request it runs as, and what it refuses: its reasoning
+options, `include`, and reasoning items sent back sealed, opened with the gateway's seal."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from sluicegate.errors import InvalidRequestError
+from sluicegate.wire.reasoning_seal import ReasoningSeal
 from sluicegate.wire.response_body import identified
-from sluicegate.wire.responses import ResponsesRequest, chat_body, chat_messages, param_for
+from sluicegate.wire.response_items import chat_messages
+from sluicegate.wire.responses import ResponsesRequest, chat_body, param_for
+
+SEAL = ReasoningSeal([b"k" * 32])
 
 
 def request(**fields: Any) -> ResponsesRequest:
@@ -177,8 +183,10 @@ def test_a_json_schema_format_needs_a_name_and_a_schema() -> None:
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tools": [{"type": "file_search", "vector_store_ids": []}]}, "tools"),
         ({"background": True}, "background"),
-        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"reasoning": {"summary": "long"}}, "reasoning.summary"),
         ({"include": ["file_search_call.results"]}, "include"),
+        ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input"),
@@ -234,8 +242,80 @@ def test_a_function_call_outputs_parts_are_stored_as_text_parts_only() -> None:
     ]
 
 
-def test_reasoning_effort_none_is_accepted() -> None:
-    assert request(reasoning={"effort": "none"}).reasoning is not None
+@pytest.mark.parametrize("effort", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+def test_reasoning_effort_is_the_chat_requests_and_is_echoed(effort: str) -> None:
+    asked = request(reasoning={"effort": effort})
+    assert chat_body(asked, [])["reasoning_effort"] == effort
+    assert asked.echo()["reasoning"] == {"effort": effort, "summary": None}
+
+
+def test_without_reasoning_the_chat_request_sets_no_effort() -> None:
+    assert "reasoning_effort" not in chat_body(request(), [])
+    assert "reasoning_effort" not in chat_body(request(reasoning={"summary": "auto"}), [])
+    assert request().echo()["reasoning"] == {"effort": None, "summary": None}
+
+
+@pytest.mark.parametrize("summary", ["auto", "concise", "detailed"])
+def test_a_summary_is_accepted_and_echoed_under_either_name(summary: str) -> None:
+    assert request(reasoning={"summary": summary}).echo()["reasoning"]["summary"] == summary
+    older = request(reasoning={"effort": "low", "generate_summary": summary})
+    assert older.echo()["reasoning"] == {"effort": "low", "summary": summary}
+
+
+def test_include_takes_the_sealed_reasoning_and_nothing_else() -> None:
+    assert request(include=["reasoning.encrypted_content"]).seals_reasoning
+    assert not request(include=[]).seals_reasoning and not request().seals_reasoning
+    with pytest.raises(ValidationError) as caught:
+        request(include=["reasoning.encrypted_content", "code_interpreter_call.outputs"])
+    assert "'code_interpreter_call.outputs' is not supported" in str(caught.value)
+
+
+def sent_back(text: str, **fields: Any) -> list[dict[str, Any]]:
+    """A turn as a stateless client sends it back: its reasoning item, sealed, then its text."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], **fields}
+    reasoning.setdefault("encrypted_content", SEAL.seal(text))
+    return [
+        {"role": "user", "content": "q"},
+        reasoning,
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "again"},
+    ]
+
+
+def test_sealed_reasoning_is_opened_into_the_turns_reasoning() -> None:
+    opened = request(input=sent_back("I thought.", content=None)).opened(SEAL)
+    assert chat_body(opened, [])["messages"][1] == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning": "I thought.",
+    }
+    assert opened.input_items()[1]["encrypted_content"] is None  # stored as the text it held
+    # The sealed text wins over a `content` sent beside it.
+    sent = request(input=sent_back("Sealed.", content=[{"type": "reasoning_text", "text": "x"}]))
+    assert chat_body(sent.opened(SEAL), [])["messages"][1]["reasoning"] == "Sealed."
+
+
+def test_a_request_without_sealed_items_is_left_as_it_is() -> None:
+    plain = request(input=sent_back("x", encrypted_content=None))
+    assert plain.opened(SEAL) is plain
+    assert request().opened(SEAL).input == "hi"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        ReasoningSeal([b"o" * 32]).seal("Another gateway's."),
+        SEAL.sign("A signature, not a seal."),
+        SEAL.seal("x")[:-4] + "AAAA",
+        "gAAAAABopenai-encrypted-content",
+    ],
+    ids=["another-key", "a-signature", "tampered", "openais"],
+)
+def test_a_seal_this_gateway_did_not_make_is_a_400_naming_the_item(token: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        request(input=sent_back("x", encrypted_content=token)).opened(SEAL)
+    assert caught.value.param == "input[1].encrypted_content"
+    assert caught.value.code == "invalid_encrypted_content" and "input[1]" in caught.value.message
 
 
 def test_chat_params_name_the_responses_params() -> None:
@@ -243,6 +323,7 @@ def test_chat_params_name_the_responses_params() -> None:
     assert param_for("max_tokens") == "max_output_tokens"
     assert param_for("response_format.json_schema") == "text.format"
     assert param_for("tools") == "tools"
+    assert param_for("reasoning_effort") == "reasoning.effort"
 
 
 def test_the_echo_repeats_the_request_parameters() -> None:

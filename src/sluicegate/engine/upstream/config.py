@@ -76,6 +76,11 @@ class UpstreamConfig:
     """Seconds start-up waits for an upstream to list its models."""
     tokenizer: str | None = None
     """A local tokenizer (folder or hub id); None: the upstream's `/tokenize`, if any."""
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser that splits thoughts out of the upstream's content, with the
+    local `tokenizer`; None: the upstream splits them itself, or they stay in the content."""
+    reasoning_parser_plugin: str | None = None
+    """A Python file registering more reasoning parsers with vLLM, loaded before the pool's."""
     served_model_name: str | None = None
     model: str | None = None
     """The model to ask the upstreams for; None: the first their `/v1/models` lists."""

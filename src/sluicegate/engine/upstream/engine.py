@@ -9,6 +9,7 @@ budget counts with). Here: start-up, the model and its limits, and a request's b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import AsyncGenerator, Sequence
@@ -32,6 +33,7 @@ from sluicegate.engine.upstream.config import UpstreamConfig
 from sluicegate.engine.upstream.discovery import discover
 from sluicegate.engine.upstream.dispatcher import Dispatcher
 from sluicegate.engine.upstream.pool import Pool
+from sluicegate.engine.upstream.reasoning import gateway_reasoning_parser
 from sluicegate.engine.upstream.server import Upstream
 from sluicegate.engine.upstream.stream import rest
 from sluicegate.engine.upstream.tokenizer import tokenizer_for
@@ -49,12 +51,14 @@ class UpstreamEngine:
         max_model_len: int,
         tokenizer: PromptTokenizer | None = None,
         rng: random.Random | None = None,
+        reasoning_parser: ReasoningParser | None = None,
     ) -> None:
         self._config = config
         self._pool = Pool(config, upstreams)
         self._dispatcher = Dispatcher(config, self._pool.upstreams, rng)
         self._tokenizer = tokenizer
         self._parser = UpstreamToolParser()
+        self._reasoning_parser = reasoning_parser
         self.model = model
         """The model id the upstreams serve (their `/v1/models`)."""
         self._max_model_len = max_model_len
@@ -79,11 +83,19 @@ class UpstreamEngine:
             model = str(card["id"])
             max_model_len = int(card.get("max_model_len") or config.max_model_len)
             tokenizer = await tokenizer_for(config, found, model)
+            parser = None
+            if config.reasoning_parser is not None:
+                parser = await asyncio.to_thread(
+                    gateway_reasoning_parser,
+                    config.reasoning_parser,
+                    tokenizer,
+                    config.reasoning_parser_plugin,
+                )
         except BaseException:
             for upstream in upstreams:
                 await upstream.close()
             raise
-        engine = cls(config, upstreams, model, max_model_len, tokenizer)
+        engine = cls(config, upstreams, model, max_model_len, tokenizer, reasoning_parser=parser)
         engine.watch_health()
         return engine
 
@@ -99,9 +111,11 @@ class UpstreamEngine:
 
     @property
     def reasoning_parser(self) -> ReasoningParser | None:
-        """None: an upstream splits its output's reasoning itself (vLLM's `reasoning`, or
-        `reasoning_content`), and the reader keeps the split."""
-        return None
+        """The gateway's parser when the pool has one (`reasoning_parser:`): the upstreams
+        send their thoughts inside the content. None: an upstream splits its output's
+        reasoning itself (vLLM's `reasoning`, or `reasoning_content`), and the reader keeps
+        the split."""
+        return self._reasoning_parser
 
     @property
     def renders_chat(self) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -237,14 +238,21 @@ async def tokenizer_for(
     return remote
 
 
+LOADING = threading.Lock()
+"""Held while a pool loads its tokenizer or its reasoning parser in a thread: pools start
+together, and transformers' lazy module, imported by two threads at once, fails one of them
+(`cannot import name 'AutoTokenizer'`)."""
+
+
 def _local_tokenizer(name: str) -> PromptTokenizer:
     """`name`'s tokenizer (a folder, or a hub id fetched when the hub is reachable), with
     transformers alone: upstream mode installs no vLLM (the `tokenizer` extra)."""
-    from transformers import AutoTokenizer
+    with LOADING:
+        from transformers import AutoTokenizer
 
-    folder = Path(name).expanduser()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder) if folder.exists() else name)
-        return HFPromptTokenizer(tokenizer)
-    except (OSError, ValueError) as exc:
-        raise UpstreamStartError(f"the tokenizer {name} cannot be loaded: {exc}") from exc
+        folder = Path(name).expanduser()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder) if folder.exists() else name)
+            return HFPromptTokenizer(tokenizer)
+        except (OSError, ValueError) as exc:
+            raise UpstreamStartError(f"the tokenizer {name} cannot be loaded: {exc}") from exc
