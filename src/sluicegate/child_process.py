@@ -9,8 +9,13 @@ when the gateway is gone (killed with SIGKILL, or crashed), instead of lingering
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import logging
+import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -50,3 +55,25 @@ def start_worker(parent_pid: int) -> None:
     signals (the gateway ends it when the drain is over), gone at once with the gateway."""
     ignore_stop_signals()
     watch_parent(parent_pid, lambda: os._exit(0))
+
+
+def exit_after_teardown() -> None:
+    """Called in a spawned child (vLLM's engine core, as its executor shuts down): when it is
+    leaving on a stop request (`SystemExit` in flight, code 0), the process ends at its
+    first exit handler, once its own teardown is over and before the interpreter's, which
+    took seconds in a process holding torch and a model. One leaving on an error keeps its
+    exit code and its whole teardown; in the gateway's own process nothing changes."""
+    leaving = sys.exc_info()[1]
+    if not isinstance(leaving, SystemExit) or leaving.code not in (None, 0):
+        return
+    if multiprocessing.parent_process() is None:
+        return
+    atexit.register(_exit_now)
+
+
+def _exit_now() -> None:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to write
+            stream.flush()
+    os._exit(0)

@@ -1,15 +1,22 @@
-"""A worker started with `start_worker`: deaf to stop signals, gone with its parent."""
+"""A worker started with `start_worker`: deaf to stop signals, gone with its parent; a child
+leaving on a stop request ends before the interpreter's teardown (`exit_after_teardown`)."""
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
+import pytest
+
+from sluicegate import child_process
 
 WORKER = "import os, time; from sluicegate.child_process import start_worker; " + (
     "start_worker(os.getppid()); print('ready', flush=True); time.sleep(120)"
@@ -56,3 +63,55 @@ def test_a_worker_ignores_stop_signals_and_ends_when_its_parent_is_killed() -> N
         parent.wait(10)
         if alive(worker):
             worker.kill()
+
+
+# The engine core's exit (`exit_after_teardown`), in spawned processes as vLLM starts its
+# core: one leaving on a stop request ends at its first exit handler, skipping what the
+# interpreter's teardown would run after (in a real core, seconds of it: past the gateway's
+# grace, so every stop killed the core); one leaving on an error keeps its code and its
+# whole teardown.
+
+
+def _leave_the_teardown_a_mark(marker: str) -> None:
+    Path(marker).write_text("the interpreter's teardown ran")
+
+
+def _core(code: int | None, marker: str) -> None:
+    """A core's last steps: a handler of the kind the interpreter runs on its way out
+    (registered first, so run last), then vLLM's busy loop leaving with `code`."""
+    atexit.register(_leave_the_teardown_a_mark, marker)
+    try:
+        raise SystemExit(code)
+    finally:
+        child_process.exit_after_teardown()
+
+
+def _run(code: int | None, tmp_path: Path) -> tuple[int | None, bool]:
+    marker = tmp_path / "teardown"
+    process = multiprocessing.get_context("spawn").Process(target=_core, args=(code, str(marker)))
+    process.start()
+    process.join(120)
+    return process.exitcode, marker.exists()
+
+
+@pytest.mark.parametrize("code", [None, 0])
+def test_a_core_stopped_on_request_ends_before_the_interpreters_teardown(
+    code: int | None, tmp_path: Path
+) -> None:
+    assert _run(code, tmp_path) == (0, False)
+
+
+def test_a_core_leaving_with_an_error_code_keeps_it_and_its_teardown(tmp_path: Path) -> None:
+    assert _run(3, tmp_path) == (3, True)
+
+
+def test_in_the_gateways_own_process_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No parent process: the core runs in the gateway (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+    registered: list[object] = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
+    try:
+        raise SystemExit(0)
+    except SystemExit:
+        child_process.exit_after_teardown()
+    assert registered == []

@@ -9,6 +9,13 @@ before its workers exist, moves into a session of its own, which the workers inh
 gateway stops it when its drain is over (`AsyncLLM.shutdown`: SIGTERM, then SIGKILL after
 a grace). Out of the gateway's group, the core also ends by itself once the gateway is gone.
 
+A core stopped that way has nothing left to do once vLLM's own teardown is over (its
+workers gone, its scheduler and queues shut), but the interpreter's own teardown of a
+process that holds torch and the model took seconds more here: past the gateway's grace
+(`AsyncLLM.shutdown`'s 5 s), so every stop waited the whole grace and then killed the core.
+So a core leaving on a stop request ends at its first exit handler
+(`child_process.exit_after_teardown`).
+
 Importing this module imports vLLM: the engine imports it when it starts.
 """
 
@@ -25,7 +32,7 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-from sluicegate.child_process import watch_parent
+from sluicegate.child_process import exit_after_teardown, watch_parent
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +64,19 @@ class DetachedMultiprocExecutor(MultiprocExecutor):
         detach_from_gateway()
         super()._init_executor()
 
+    def shutdown(self) -> None:
+        super().shutdown()  # type: ignore[no-untyped-call]  # vLLM's is not annotated
+        exit_after_teardown()
+
 
 class DetachedUniProcExecutor(UniProcExecutor):
     def _init_executor(self) -> None:
         detach_from_gateway()
         super()._init_executor()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        exit_after_teardown()
 
 
 _DETACHED: dict[type[Any], type[Any]] = {
