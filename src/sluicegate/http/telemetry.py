@@ -9,8 +9,9 @@ typed) on the inference routes, and empty elsewhere or when it was refused befor
 so labels stay few. A response that never completes, because the client left, counts as
 status 499, like a non-streamed request whose client left.
 
-The access line carries the request id, trace id, status, model, token counts, TTFT, total
-time and cache outcome (the `X-Cache` response header). Never a body, a header value other
+The access line carries the request id, trace id, status, model, token counts, the time the
+gateway waited for the client to send its body, TTFT, total time (both from the headers) and
+cache outcome (the `X-Cache` response header). Never a body, a header value other
 than `X-Cache`, or a key. Probes and scrapes (`/health`, `/ready`, `/metrics`) log at DEBUG.
 """
 
@@ -53,11 +54,12 @@ OVERHEAD_HEADER = b"x-sluicegate-overhead-duration-ms"
 
 def overhead(record: RequestRecord, now: float) -> float:
     """Seconds the gateway itself spent on the request before `now`, when its response
-    begins: the time since it arrived less the engine's part, from the run's hand-off to
-    its first token (a stream), its end (an answer sent whole) or `now` (a stream whose
-    headers went out before its first token). Waiting for admission counts: it is the
+    begins: the time since it arrived less the wait for the client to send its body and
+    the engine's part, from the run's hand-off to its first token (a stream), its end (an
+    answer sent whole) or `now` (a stream whose headers went out before its first token).
+    The client's upload of its body is the client's; waiting for admission is the
     gateway's (the `wait` phase of `observability.timeline` tells it apart)."""
-    spent = now - record.started
+    spent = now - record.started - record.body_wait
     if record.handed is not None:
         engine_end = record.engine_finished or record.first_token or now
         spent -= max(0.0, min(engine_end, now) - record.handed)
@@ -100,6 +102,14 @@ class TelemetryMiddleware:
         response = _Response()
         inference = scope["path"] in INFERENCE_PATHS
 
+        async def observed_receive() -> Message:
+            # Time spent here is the client's: its body is not all in yet (or it left).
+            called = time.perf_counter()
+            message = await receive()
+            if message["type"] == "http.request":
+                record.body_wait += time.perf_counter() - called
+            return message
+
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 if inference:
@@ -118,7 +128,7 @@ class TelemetryMiddleware:
         if inference:
             enter_in_flight(record)
         try:
-            await self.app(scope, receive, observed_send)
+            await self.app(scope, observed_receive, observed_send)
         except BaseException:
             response.status = 500
             raise
@@ -247,6 +257,7 @@ def _access_fields(
         "model": model or None,
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
+        "body_wait_ms": round(record.body_wait * 1000, 1),
         "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
         "total_ms": round((ended - record.started) * 1000, 1),
         "cache": response.cache,

@@ -23,7 +23,10 @@ from sluicegate.observability.metrics import REQUESTS_IN_FLIGHT
 @dataclass(slots=True)
 class RequestRecord:
     started: float = field(default_factory=time.perf_counter)
-    """`time.perf_counter()` when the request arrived."""
+    """`time.perf_counter()` when the request arrived (its headers)."""
+    body_wait: float = 0.0
+    """Seconds the app waited for the client to send the request's body: the client's time,
+    not the gateway's."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     first_token: float | None = None
