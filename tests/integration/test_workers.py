@@ -9,6 +9,7 @@ both have answered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -52,6 +53,8 @@ def _spec(folder: Path, name: str) -> GatewaySpec:
             "SLUICEGATE_REDIS_URL": shared_redis_url(),
             "SLUICEGATE_REDIS_KEY_PREFIX": f"workers-{name}",
             "SLUICEGATE_CACHE_POLICY": "off",
+            # The drain test holds connections it opened before its streams started.
+            "SLUICEGATE_KEEP_ALIVE_TIMEOUT": "300",
         },
     )
 
@@ -95,10 +98,31 @@ def _until_both(
     return responses
 
 
+def _connections_to_both(url: str, each: int, most: int = 64) -> dict[int, list[httpx.Client]]:
+    """`each` clients for each worker, each holding a kept-alive connection to it (opened, one
+    after another, until each worker has answered `each` of them)."""
+    pinned: dict[int, list[httpx.Client]] = {0: [], 1: []}
+    for _ in range(most):
+        client = httpx.Client(base_url=url, timeout=120)
+        held = pinned[_worker(client.get("/health"))]
+        if len(held) < each:
+            held.append(client)
+        else:
+            client.close()
+        if all(len(held) == each for held in pinned.values()):
+            return pinned
+    for client in (c for held in pinned.values() for c in held):
+        client.close()
+    raise AssertionError("one worker took every connection")
+
+
 class Stream:
     """A long stream held open on a connection of its own, read in a thread."""
 
-    def __init__(self, url: str, key: str, max_tokens: int = 1500) -> None:
+    def __init__(
+        self, url: str, key: str, max_tokens: int = 1500, client: httpx.Client | None = None
+    ) -> None:
+        """On a connection of its own, or on `client`'s (which it closes when done)."""
         self.events: list[str] = []
         self.worker = -1
         self.request_id = ""
@@ -107,9 +131,11 @@ class Stream:
         body = {**LONG, "max_tokens": max_tokens}
 
         def read() -> None:
-            with httpx.stream(
-                "POST", url + CHAT, json=body, headers=_headers(key), timeout=120
-            ) as r:
+            http = client if client is not None else httpx.Client(timeout=120)
+            with (
+                contextlib.closing(http),
+                http.stream("POST", url + CHAT, json=body, headers=_headers(key)) as r,
+            ):
                 self.worker, self.request_id = _worker(r), r.headers["x-request-id"]
                 for line in r.iter_lines():
                     if line.startswith("data: "):
@@ -209,21 +235,32 @@ def test_sigterm_drains_streams_on_both_workers_then_everything_exits(
     gateway = gateways[0]
     family = psutil.Process(gateway.process.pid).children(recursive=True)
     assert len(family) >= 3  # two workers, the engine core (and its worker)
-    streams = _streams_on_both(gateway.url, KEYS, each=2, max_tokens=150)
-    gateway.process.send_signal(signal.SIGTERM)
-    # The supervisor passes the signal on: both workers turn unready, and refuse new work.
-    unready: set[int] = set()
-    while unready != {0, 1}:
-        probe = httpx.get(f"{gateway.url}/ready", timeout=30)
-        if probe.status_code == 503:
-            unready.add(_worker(probe))
-    refused = _until_both(
-        lambda i: httpx.post(
-            gateway.url + CHAT, json=SHORT, headers=_headers(KEYS[-1]), timeout=30
-        ),
-        each=1,
-    )
-    assert {(r.status_code, r.json()["error"]["code"]) for r in refused} == {(503, "shutting_down")}
+    # Connections held on each worker: two for streams (started together, so that none has
+    # ended before the signal), one to probe. New connections go where the kernel hashes them:
+    # probing through them raced the drain, which ends (the worker's socket closes) with the
+    # worker's streams, and streams placed in several batches ended at different times.
+    pinned = _connections_to_both(gateway.url, each=3)
+    opened = [
+        Stream(gateway.url, KEYS[2 * index + i], max_tokens=150, client=pinned[index][i])
+        for index in (0, 1)
+        for i in (0, 1)
+    ]
+    streams = [stream.wait_started() for stream in opened]
+    assert [stream.worker for stream in streams] == [0, 0, 1, 1]
+    probes = {index: clients[2] for index, clients in pinned.items()}
+    try:
+        gateway.process.send_signal(signal.SIGTERM)
+        # The supervisor passes the signal on: both workers turn unready, and refuse new work.
+        for index, client in probes.items():
+            while (probe := client.get("/ready")).status_code != 503:
+                assert probe.status_code == 200
+            assert _worker(probe) == index
+            refused = client.post(CHAT, json=SHORT, headers=_headers(KEYS[-1]))
+            assert _worker(refused) == index
+            assert (refused.status_code, refused.json()["error"]["code"]) == (503, "shutting_down")
+    finally:
+        for client in probes.values():
+            client.close()
     for stream in streams:
         stream.finish()
         assert stream.events[-1] == "[DONE]"
