@@ -2,7 +2,8 @@
 
     GatewayError                      500 server_error
     ├── InvalidRequestError           400 invalid_request_error
-    │   └── ContextLengthExceededError    code=context_length_exceeded
+    │   ├── ContextLengthExceededError    code=context_length_exceeded
+    │   └── MediaError                    code=invalid_image   (an image refused or unreadable)
     ├── AuthenticationError           401 invalid_request_error   code=invalid_api_key
     ├── PermissionDeniedError         403 invalid_request_error   code=permission_denied
     ├── NotFoundError                 404 invalid_request_error
@@ -66,6 +67,21 @@ class InvalidRequestError(GatewayError):
 
 class ContextLengthExceededError(InvalidRequestError):
     default_code = "context_length_exceeded"
+
+
+class MediaError(InvalidRequestError):
+    """An image the gateway refused to fetch, could not fetch, or could not read. `reason`
+    says which (a metric's label: an address's kind, `too_large`, `timeout`, ...)."""
+
+    default_code = "invalid_image"
+
+    def __init__(self, reason: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.reason = reason
+
+    def for_part(self, param: str) -> MediaError:
+        """The same error, naming the request's part it came from."""
+        return MediaError(self.reason, f"{param}: {self.message}", param=param)
 
 
 class AuthenticationError(GatewayError):

@@ -297,6 +297,32 @@ STRUCTURED_OUTPUT_CHECK_SECONDS = Histogram(
 )
 
 
+# ---- media (media/) ---------------------------------------------------------------------------
+MEDIA_FETCHES = Counter(
+    "sluicegate_media_fetches_total",
+    "Images fetched by URL for requests, by outcome: ok, refused (the media policy or a "
+    "bound: see sluicegate_media_refusals_total), failed (unreachable, an error status).",
+    ["outcome"],
+)
+MEDIA_FETCH_BYTES = Counter(
+    "sluicegate_media_fetch_bytes_total",
+    "Bytes of the images fetched by URL.",
+)
+MEDIA_FETCH_SECONDS = Histogram(
+    "sluicegate_media_fetch_seconds",
+    "Time to fetch an image by URL (redirects included; refused fetches too).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+MEDIA_REFUSALS = Counter(
+    "sluicegate_media_refusals_total",
+    "Images refused, by reason: an address the policy refuses (metadata, loopback, "
+    "link_local, private, unspecified, reserved), too_large, too_many_pixels, "
+    "too_many_images, timeout, redirects, status, unreachable, unresolved, not_an_image, "
+    "undecodable, bad_url, bad_data_uri.",
+    ["reason"],
+)
+
+
 # ---- upstream mode (engine.upstream) ----------------------------------------------------------
 # `upstream` is the configured base URL without credentials: a bounded label set.
 UPSTREAM_REQUESTS = Counter(
