@@ -40,6 +40,11 @@ class Offload:
         """`fn(*args, **kwargs)`, inline when `size` is small, else in the pool."""
         if size <= self.inline_limit:
             return fn(*args, **kwargs)
+        return await self.call(fn, *args, **kwargs)
+
+    async def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """`fn(*args, **kwargs)` in the pool, whatever its input's size (work whose cost the
+        size does not tell: a small image may hold many pixels)."""
         if self._executor is None:  # made on first use: most processes never need it
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="offload")
         loop = asyncio.get_running_loop()

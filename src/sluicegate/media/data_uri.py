@@ -43,14 +43,20 @@ def decode(payload: str, max_bytes: int) -> bytes:
         raise MediaError("too_large", f"the image is larger than {max_bytes} bytes")
     pieces: list[bytes] = []
     carry = ""
+    padded = False
     for start in range(0, len(payload), CHUNK):
         text = carry + payload[start : start + CHUNK].translate(_WHITESPACE)
         usable = len(text) - len(text) % 4
         carry = text[usable:]
+        if not usable:
+            continue
+        if padded:  # padding ended the data already
+            raise MediaError("bad_data_uri", "the image's base64 is not valid (its padding)")
         try:
             pieces.append(binascii.a2b_base64(text[:usable], strict_mode=True))
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a character outside ASCII
             raise MediaError("bad_data_uri", "the image's base64 is not valid") from None
+        padded = text[usable - 1] == "="
     if carry:
         raise MediaError("bad_data_uri", "the image's base64 is not valid (its length)")
     data = b"".join(pieces)

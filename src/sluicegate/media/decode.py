@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 
 from PIL import Image, ImageOps
 
@@ -22,24 +21,23 @@ def decode(data: bytes, kind: ImageFormat, max_pixels: int) -> Image.Image:
     read as that format or has more than `max_pixels` pixels (checked from its header,
     before any pixel is decoded)."""
     try:
-        with warnings.catch_warnings():
-            # Pillow warns past its own bound and raises past twice it; ours is checked here.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image: Image.Image = Image.open(io.BytesIO(data), formats=[PILLOW_NAMES[kind]])
-            width, height = image.size
-            if width * height > max_pixels:
-                raise MediaError(
-                    "too_many_pixels",
-                    f"the image has {width}x{height} pixels, more than the {max_pixels} allowed",
-                )
-            with contextlib.suppress(Exception):  # a broken EXIF block: the image as it is
-                image = ImageOps.exif_transpose(image)
-            image.load()
+        image: Image.Image = Image.open(io.BytesIO(data), formats=[PILLOW_NAMES[kind]])
+        width, height = image.size
+        if width * height > max_pixels:
+            raise MediaError(
+                "too_many_pixels",
+                f"the image has {width}x{height} pixels, more than the {max_pixels} allowed",
+            )
+        image.load()
+        with contextlib.suppress(Exception):  # a broken EXIF block: the image as it is
+            ImageOps.exif_transpose(image, in_place=True)
+        return rgb(image)
     except MediaError:
         raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, EOFError):
+    except Image.DecompressionBombError:  # past twice Pillow's own bound, read at open
+        raise MediaError("too_many_pixels", "the image has too many pixels") from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError):
         raise MediaError("undecodable", f"the image cannot be read as {kind.upper()}") from None
-    return rgb(image)
 
 
 def rgb(image: Image.Image) -> Image.Image:

@@ -13,8 +13,11 @@ the body read only up to the byte bound, and only as long as its first bytes are
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +59,18 @@ class Fetched:
     redirects: int
 
 
+LOOKUP_THREADS = 4
+_lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="media-dns")
+"""The system resolver's calls for media, in threads of their own: a slow name server a
+client chose holds these (a lookup cannot be cancelled), never the loop's default pool that
+the upstreams' connections use."""
+
+
 async def system_lookup(host: str, port: int) -> list[Address]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    loop = asyncio.get_running_loop()
+    infos = await loop.run_in_executor(
+        _lookups, functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    )
     found: list[Address] = []
     for info in infos:
         address = parse_address(str(info[4][0]).split("%", 1)[0])
@@ -92,22 +105,24 @@ class _Guard(AbstractResolver):
     ) -> list[ResolveResult]:
         try:
             addresses = await self.lookup(host, port)
-        except OSError:
+        except (OSError, UnicodeError):  # a name the IDNA codec refuses is one too
             self.refusal = MediaError("unresolved", "the image's host name does not resolve")
-            raise
+            raise OSError(f"{host}: does not resolve") from None
         allowed_name = self.policy.allows_name(host)
         usable: list[Address] = []
+        first_refused: MediaError | None = None
         for address in addresses:
             kind = None if allowed_name else self.policy.check(address)
             if kind is None:
                 usable.append(address)
                 if allowed_name:
                     self.by_name.add(address)
-            elif self.refusal is None:
-                self.refusal = refused(kind, f"{host} resolves to {address}")
+            elif first_refused is None:
+                first_refused = refused(kind, f"{host} resolves to {address}")
         if not usable:
-            if self.refusal is None:
-                self.refusal = MediaError("unresolved", "the image's host name does not resolve")
+            self.refusal = first_refused or MediaError(
+                "unresolved", "the image's host name does not resolve"
+            )
             raise OSError(f"{host}: no address the media policy allows")
         return [
             {
@@ -139,11 +154,10 @@ class _Guard(AbstractResolver):
 class _GuardedTransport(UpstreamTransport):
     """The upstreams' transport (its errors mapped as theirs), connecting through a guard."""
 
-    def __init__(self, guard: _Guard, limits: FetchLimits) -> None:
+    def __init__(self, guard: _Guard, limits: FetchLimits, verify: ssl.SSLContext) -> None:
         self._guard = guard
-        super().__init__(
-            PoolConfig(max_connections=1, max_keepalive=1, keepalive_expiry=limits.timeout)
-        )
+        pool = PoolConfig(max_connections=1, max_keepalive=1, keepalive_expiry=limits.timeout)
+        super().__init__(pool, verify=verify)
 
     def _session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -170,6 +184,8 @@ class Fetcher:
         self.policy = policy
         self.limits = limits
         self.lookup = lookup
+        self._tls = httpx.create_ssl_context(trust_env=False)
+        """Made once (tens of milliseconds each), verifying servers as httpx does."""
 
     async def fetch(self, url: str) -> Fetched:
         """The image at `url`; `MediaError` if the policy refuses where it leads, the server
@@ -184,18 +200,18 @@ class Fetcher:
 
     async def _fetch(self, url: str) -> Fetched:
         guard = _Guard(self.policy, self.lookup)
-        transport = _GuardedTransport(guard, self.limits)
+        transport = _GuardedTransport(guard, self.limits, self._tls)
         timeout = httpx.Timeout(self.limits.timeout)
         async with httpx.AsyncClient(
             transport=transport, timeout=timeout, trust_env=False, follow_redirects=False
         ) as client:
             for hop in range(self.limits.max_redirects + 1):
                 target = self.checked(url)
+                guard.refusal = None
                 try:
                     async with client.stream("GET", target, headers=HEADERS) as response:
                         if response.is_redirect:
-                            location = response.headers.get("location", "")
-                            url = str(target.join(location))
+                            url = redirected(target, response.headers.get("location", ""))
                             continue
                         if response.status_code != 200:
                             raise MediaError(
@@ -204,11 +220,19 @@ class Fetcher:
                             )
                         data, kind = await self._read(response)
                         return Fetched(data, kind, str(target), hop)
-                except httpx.TransportError:
+                except httpx.UnsupportedProtocol:  # aiohttp's refusal of a Location header
+                    raise MediaError(
+                        "bad_url", "the image's server redirected to an invalid URL"
+                    ) from None
+                except httpx.TransportError as exc:
                     if guard.refusal is not None:
                         raise guard.refusal from None
+                    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+                        raise MediaError(
+                            "unreachable", "the image's server could not be reached"
+                        ) from None
                     raise MediaError(
-                        "unreachable", "the image's server could not be reached"
+                        "bad_response", "the image's server broke off or answered in error"
                     ) from None
         raise MediaError(
             "redirects", f"the image's URL redirects more than {self.limits.max_redirects} times"
@@ -235,24 +259,29 @@ class Fetcher:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > bound:
             raise too_large(bound)
-        chunks: list[bytes] = []
-        size = 0
+        data = bytearray()
         kind: ImageFormat | None = None
         async for chunk in response.aiter_raw():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > bound:
+            data += chunk
+            if len(data) > bound:
                 raise too_large(bound)
-            if kind is None and size >= SNIFF_BYTES:
-                kind = sniff(b"".join(chunks)[:SNIFF_BYTES])
+            if kind is None and len(data) >= SNIFF_BYTES:
+                kind = sniff(bytes(data[:SNIFF_BYTES]))
                 if kind is None:
                     raise not_an_image()
-        data = b"".join(chunks)
         if kind is None:
-            kind = sniff(data)
+            kind = sniff(bytes(data))
             if kind is None:
                 raise not_an_image()
-        return data, kind
+        return bytes(data), kind
+
+
+def redirected(target: httpx.URL, location: str) -> str:
+    """Where a redirect from `target` leads (checked again, as a new URL, by the caller)."""
+    try:
+        return str(target.join(location))
+    except httpx.InvalidURL:
+        raise MediaError("bad_url", "the image's server redirected to an invalid URL") from None
 
 
 def too_large(bound: int) -> MediaError:

@@ -92,7 +92,8 @@ class MediaLoader:
     async def load(self, source: ImageSource) -> LoadedImage:
         try:
             data, kind = await self._bytes(source)
-            image = await self.offload.run(len(data), decode, data, kind, self.max_pixels)
+            # Always off the loop: a few KiB of image may hold millions of pixels.
+            image = await self.offload.call(decode, data, kind, self.max_pixels)
         except MediaError as exc:
             MEDIA_REFUSALS.labels(exc.reason).inc()
             raise exc.for_part(source.param) from None
@@ -120,7 +121,7 @@ class MediaLoader:
         try:
             fetched = await self.fetcher.fetch(url)
         except MediaError as exc:
-            failed = exc.reason in ("status", "unreachable", "unresolved")
+            failed = exc.reason in ("status", "unreachable", "unresolved", "bad_response")
             MEDIA_FETCHES.labels("failed" if failed else "refused").inc()
             raise
         finally:

@@ -8,8 +8,9 @@ to a private one the next time gains nothing), and again for every redirect.
 
 Refused unless allowed: metadata addresses, loopback, link-local, private (RFC 1918, unique
 local IPv6, carrier-grade NAT), the unspecified address (0.0.0.0 reaches the host itself on
-Linux), multicast and every other range that is not globally routable. IPv6 forms that carry
-an IPv4 address (mapped, 6to4, NAT64, Teredo) are judged by the IPv4 address they reach.
+Linux), multicast and every other range that is not globally routable. An IPv6 form that
+carries an IPv4 address (6to4, NAT64, Teredo) is refused when either address is; an
+IPv4-mapped one is its IPv4 address.
 
 The allow-list (the operator's) holds host names, addresses and CIDR
 ranges: an address allows only itself (allowing 127.0.0.2 does not allow 127.0.0.1), a range
@@ -43,6 +44,19 @@ METADATA: frozenset[Address] = frozenset(
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
+_NOT_PUBLIC: tuple[Network, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        # Ranges that Python's tables (which vary by version) may take for global.
+        "192.0.0.0/24",  # IETF protocol assignments
+        "198.18.0.0/15",  # benchmarking
+        "2001::/23",  # IETF protocol assignments (Teredo among them)
+        "2001:db8::/32",  # documentation
+        "3fff::/20",  # documentation
+        "fec0::/10",  # site-local (deprecated)
+        "100::/64",  # discard
+    )
+)
 _LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
@@ -67,24 +81,36 @@ def parse_address(text: str) -> Address | None:
         return None
 
 
-def reached(address: Address) -> Address:
-    """The address a connection to `address` reaches: the IPv4 address inside an IPv6 form
-    that carries one (mapped, NAT64, 6to4, Teredo's server), else `address` itself."""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return address.ipv4_mapped
-        if address in _NAT64:
-            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        if address.sixtofour is not None:
-            return address.sixtofour
-        if address.teredo is not None:
-            return address.teredo[0]
-    return address
+def carried(address: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries and a connection may reach (mapped, NAT64,
+    6to4, either end of Teredo's), or None."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client's end, where the traffic goes
+    return None
 
 
 def refusal(address: Address) -> Refusal | None:
-    """Why `address` may not be fetched from (the allow-list aside), or None."""
-    address = reached(address)
+    """Why `address` may not be fetched from (the allow-list aside), or None. An IPv6 form
+    that carries an IPv4 address is refused when either is (a mapped one is its IPv4 address
+    alone)."""
+    inner = carried(address)
+    if inner is not None:
+        found = _refusal(inner)
+        mapped = isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None
+        if found is not None or mapped:
+            return found
+    return _refusal(address)
+
+
+def _refusal(address: Address) -> Refusal | None:
     if address in METADATA:
         return "metadata"
     if address.is_unspecified:
@@ -97,7 +123,7 @@ def refusal(address: Address) -> Refusal | None:
         return "reserved"
     if address.is_private or (isinstance(address, ipaddress.IPv4Address) and address in _SHARED):
         return "private"
-    if not address.is_global:
+    if not address.is_global or any(address in network for network in _NOT_PUBLIC):
         return "reserved"
     return None
 
@@ -144,7 +170,7 @@ class AddressPolicy:
         address itself, or a range it is in), or publicly routable."""
         if any(address in network for network in self.networks):
             return None
-        mapped = reached(address)
-        if mapped != address and any(mapped in network for network in self.networks):
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        if mapped is not None and any(mapped in network for network in self.networks):
             return None
         return refusal(address)

@@ -317,7 +317,8 @@ MEDIA_REFUSALS = Counter(
     "sluicegate_media_refusals_total",
     "Images refused, by reason: an address the policy refuses (metadata, loopback, "
     "link_local, private, unspecified, reserved), too_large, too_many_pixels, "
-    "too_many_images, timeout, redirects, status, unreachable, unresolved, not_an_image, "
+    "too_many_images, timeout, redirects, status, unreachable, unresolved, bad_response, "
+    "not_an_image, "
     "undecodable, bad_url, bad_data_uri.",
     ["reason"],
 )

@@ -10,9 +10,11 @@ import gzip
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from sluicegate.errors import MediaError
+from sluicegate.media import fetch
 from sluicegate.media.fetch import Fetcher, FetchLimits
 from sluicegate.media.policy import Address, AddressPolicy, parse_address
 from tests.support.media_server import MediaServer, answer, drip, media_server, png, redirect
@@ -43,6 +45,7 @@ async def allowed(canary: MediaServer) -> AsyncIterator[MediaServer]:
         "/big-chunked": answer(IMAGE + b"\0" * LIMITS.max_bytes, length=False),
         "/gzip": answer(gzip.compress(IMAGE), headers={"content-encoding": "gzip"}),
         "/drip": drip(0.2),
+        "/to-nowhere": redirect("http://[::1"),
     }
     async with media_server(ALLOWED, routes) as server:
         yield server
@@ -200,3 +203,61 @@ async def test_a_slow_drip_ends_at_the_fetch_timeout_and_the_loop_stays_free(
     assert "1 s" in refused.message
     # No stall a user would see: the loop ran its other work all along.
     assert max(gaps) < 0.5
+
+
+async def test_the_socket_factory_alone_keeps_a_literal_address_out(
+    canary: MediaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the URL's own check gone (a literal address never reaches the resolver), the
+    check of each socket's address still refuses it."""
+    monkeypatch.setattr(Fetcher, "checked", lambda self, url: httpx.URL(url))
+    refused = await _refusal(_fetcher(), canary.url("/cat.png"))
+    assert refused.reason == "loopback"
+    assert canary.connections == 0
+
+
+async def test_the_socket_factory_alone_keeps_a_resolved_address_out(
+    canary: MediaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the resolver's filter gone (every address handed on), the socket factory still
+    refuses the one the name resolved to."""
+
+    async def unfiltered(self: fetch._Guard, host: str, port: int = 0, family: int = 0) -> list:
+        return [
+            {"hostname": host, "host": str(a), "port": port, "family": 2, "proto": 0, "flags": 4}
+            for a in await self.lookup(host, port)
+        ]
+
+    monkeypatch.setattr(fetch._Guard, "resolve", unfiltered)
+    names = Names({"images.test": [[CANARY]]})
+    refused = await _refusal(_fetcher(names=names), f"http://images.test:{canary.port}/cat.png")
+    assert refused.reason == "loopback"
+    assert canary.connections == 0
+
+
+async def test_the_resolver_alone_keeps_a_resolved_address_out(
+    canary: MediaServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        fetch._Guard, "socket", lambda self, info: __import__("socket").socket(*info[:3])
+    )
+    names = Names({"images.test": [[CANARY]]})
+    refused = await _refusal(_fetcher(names=names), f"http://images.test:{canary.port}/cat.png")
+    assert refused.reason == "loopback"
+    assert canary.connections == 0
+
+
+async def test_a_name_the_codec_refuses_and_a_broken_redirect_are_400s(
+    allowed: MediaServer,
+) -> None:
+    # An empty label fails in the IDNA codec, before any lookup is sent.
+    unresolved = await _refusal(Fetcher(AddressPolicy(), LIMITS), "http://a..b/cat.png")
+    assert unresolved.reason == "unresolved"
+    broken = await _refusal(_fetcher(), allowed.url("/to-nowhere"))
+    assert broken.reason == "bad_response"
+
+
+async def test_the_system_lookup_runs_in_its_own_bounded_threads() -> None:
+    found = await fetch.system_lookup("127.0.0.2", 80)
+    assert [str(a) for a in found] == ["127.0.0.2"]
+    assert fetch._lookups._max_workers == fetch.LOOKUP_THREADS

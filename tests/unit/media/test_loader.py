@@ -6,12 +6,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import struct
+import threading
+import zlib
 
 import pytest
 from PIL import Image
 
 from sluicegate.errors import MediaError
-from sluicegate.media import data_uri
+from sluicegate.media import data_uri, loader
 from sluicegate.media.decode import decode
 from sluicegate.media.fetch import Fetcher, FetchLimits
 from sluicegate.media.loader import ImageSource, MediaLoader
@@ -91,12 +94,43 @@ async def test_more_images_than_allowed_are_refused_before_any_is_read() -> None
     assert "5 images" in caught.value.message
 
 
+def _header_only_png(width: int, height: int) -> bytes:
+    """A PNG's header and a few bytes of pixel data: its size can be read, its pixels not."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\0" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels)
+
+
 async def test_pixels_past_the_bound_are_refused_from_the_header() -> None:
     wide = png(2000, 1000)  # a few KiB of PNG, 2 million pixels
     with pytest.raises(MediaError) as caught:
         await _loader(max_pixels=1_000_000).load(ImageSource("p", url=_uri(wide)))
     assert caught.value.reason == "too_many_pixels"
     assert "2000x1000" in caught.value.message
+    # Refused before any pixel is read: this one has none to read.
+    with pytest.raises(MediaError) as caught:
+        decode(_header_only_png(9000, 9000), "png", 1_000_000)
+    assert caught.value.reason == "too_many_pixels"
+
+
+async def test_a_small_image_is_decoded_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[str] = []
+
+    def recorded(data: bytes, kind: str, max_pixels: int) -> Image.Image:
+        threads.append(threading.current_thread().name)
+        return decode(data, kind, max_pixels)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader, "decode", recorded)
+    media = MediaLoader(_loader().fetcher, 1_000_000, 4, Offload())  # the usual inline limit
+    await media.load(ImageSource("p", url=_uri(png())))
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name
 
 
 def test_transparency_is_laid_on_white_and_exif_orientation_applied() -> None:
@@ -108,16 +142,27 @@ def test_transparency_is_laid_on_white_and_exif_orientation_applied() -> None:
 
 
 def test_bytes_that_are_not_the_sniffed_format_are_undecodable() -> None:
-    broken = png()[:40]
+    noise = Image.frombytes("RGB", (64, 64), bytes(range(256)) * 48)
+    buffer = io.BytesIO()
+    noise.save(buffer, "PNG")
+    for broken in (png()[:40], buffer.getvalue()[: len(buffer.getvalue()) * 2 // 3]):
+        with pytest.raises(MediaError) as caught:
+            decode(broken, "png", 1_000_000)
+        assert caught.value.reason == "undecodable"
+
+
+def test_padding_before_the_end_is_refused_across_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(data_uri, "CHUNK", 8)
+    assert data_uri.decode("YWJjZGVmZ2hpams=", 100) == b"abcdefghijk"
     with pytest.raises(MediaError) as caught:
-        decode(broken, "png", 100)
-    assert caught.value.reason == "undecodable"
+        data_uri.decode("YWJjZA==YWJj", 100)
+    assert caught.value.reason == "bad_data_uri"
 
 
 def test_base64_with_line_breaks_decodes_and_bad_base64_is_refused() -> None:
     data = bytes(range(256)) * 5000
     assert data_uri.decode(base64.encodebytes(data).decode(), len(data)) == data
-    for bad in ("abc", "ab!d", "YQ==YQ=="):
+    for bad in ("abc", "ab!d", "YQ==YQ==", "aGk\u0660"):
         with pytest.raises(MediaError) as caught:
             data_uri.decode(bad, 1000)
         assert caught.value.reason == "bad_data_uri", bad

@@ -26,6 +26,7 @@ REFUSED = {
         "::ffff:127.0.0.1",  # IPv4-mapped
         "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
         "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2001:0:808:808:0:f227:80ff:fffe",  # Teredo: server 8.8.8.8, client 127.0.0.1
     ],
     "link_local": ["169.254.0.1", "169.254.255.1", "fe80::1"],
     "private": [
@@ -38,8 +39,20 @@ REFUSED = {
         "fd12:3456::1",
         "100.64.0.1",  # carrier-grade NAT
         "::ffff:10.1.2.3",
+        "2001:0:808:808:0:f227:f7f7:f7f7",  # Teredo, both ends public: IETF's range
     ],
-    "reserved": ["240.0.0.1", "224.0.0.1", "239.255.255.250", "ff02::1", "255.255.255.255"],
+    "reserved": [
+        "240.0.0.1",
+        "224.0.0.1",
+        "239.255.255.250",
+        "ff02::1",
+        "255.255.255.255",
+        # Ranges Python's tables (by version) may take for global.
+        "192.0.0.8",
+        "fec0::1",
+        "3fff::1",
+        "64:ff9b:1::1",  # local-use NAT64
+    ],
 }
 PUBLIC = ["8.8.8.8", "1.1.1.1", "93.184.215.14", "2606:4700:4700::1111", "::ffff:8.8.4.4"]
 
@@ -65,6 +78,13 @@ def test_an_allowed_address_allows_only_itself() -> None:
     assert policy.check(ipaddress.ip_address("127.0.0.1")) == "loopback"
     assert policy.check(ipaddress.ip_address("127.0.0.3")) == "loopback"
     assert policy.check(ipaddress.ip_address("169.254.169.254")) == "metadata"
+
+
+def test_an_allowed_address_allows_no_ipv6_form_but_its_mapped_one() -> None:
+    policy = AddressPolicy.parse("8.8.8.8,127.0.0.1")
+    assert policy.check(ipaddress.ip_address("::ffff:127.0.0.1")) is None
+    for carrier in ("2001:0:808:808:0:f227:f7f7:f7f7", "2002:7f00:1::1", "64:ff9b::7f00:1"):
+        assert policy.check(ipaddress.ip_address(carrier)) is not None, carrier
 
 
 def test_an_allowed_range_allows_its_members_and_nothing_around_it() -> None:
