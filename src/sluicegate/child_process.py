@@ -57,14 +57,17 @@ def start_worker(parent_pid: int) -> None:
     watch_parent(parent_pid, lambda: os._exit(0))
 
 
-def exit_after_teardown() -> None:
-    """Called in a spawned child (vLLM's engine core, as its executor shuts down): when it is
-    leaving on a stop request (`SystemExit` in flight, code 0), the process ends at its
-    first exit handler, once its own teardown is over and before the interpreter's, which
-    took seconds in a process holding torch and a model. One leaving on an error keeps its
-    exit code and its whole teardown; in the gateway's own process nothing changes."""
+def exit_after_teardown(returning: bool = False) -> None:
+    """Called in a spawned child (vLLM's engine core, as its executor shuts down; vLLM's
+    worker, as it shuts down): when it is leaving on a stop request (`SystemExit` in flight,
+    code 0, or with `returning` no exception at all: the child's function is about to return,
+    which exits with code 0), the process ends at its first exit handler, once its own
+    teardown is over and before the interpreter's, which took seconds in a process holding
+    torch and a model. One leaving on an error keeps its exit code and its whole teardown; in
+    the gateway's own process nothing changes."""
     leaving = sys.exc_info()[1]
-    if not isinstance(leaving, SystemExit) or leaving.code not in (None, 0):
+    stopping = isinstance(leaving, SystemExit) and leaving.code in (None, 0)
+    if not stopping and not (returning and leaving is None):
         return
     if multiprocessing.parent_process() is None:
         return

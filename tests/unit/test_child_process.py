@@ -115,3 +115,73 @@ def test_in_the_gateways_own_process_nothing_changes(monkeypatch: pytest.MonkeyP
     except SystemExit:
         child_process.exit_after_teardown()
     assert registered == []
+
+
+# vLLM's worker (`engine.vllm_worker`): its process function shuts the worker down in a
+# `finally` and returns (code 0), a stop request having been handled, or with a stop signal's
+# `SystemExit` in flight.
+
+
+def _worker(error: bool, marker: str) -> None:
+    """A worker's last steps: a handler of the interpreter's teardown (registered first, so
+    run last), then vLLM's loop ending (a stop handled, or an error left in flight), and the
+    worker's shutdown in the `finally`."""
+    atexit.register(_leave_the_teardown_a_mark, marker)
+    try:
+        try:
+            raise RuntimeError("the stopped queue")
+        except RuntimeError:
+            if error:
+                raise
+    finally:
+        child_process.exit_after_teardown(returning=True)
+
+
+def _run_worker(error: bool, tmp_path: Path) -> tuple[int | None, bool]:
+    marker = tmp_path / "teardown"
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_worker, args=(error, str(marker)))
+    process.start()
+    process.join(120)
+    return process.exitcode, marker.exists()
+
+
+def test_a_worker_returning_after_its_shutdown_ends_before_the_interpreters_teardown(
+    tmp_path: Path,
+) -> None:
+    assert _run_worker(False, tmp_path) == (0, False)
+
+
+def test_a_worker_leaving_on_an_error_keeps_its_code_and_its_teardown(tmp_path: Path) -> None:
+    assert _run_worker(True, tmp_path) == (1, True)
+
+
+def test_the_stopping_worker_is_vllms_pick_with_a_shutdown_that_asks_for_the_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from sluicegate.engine import vllm_worker
+
+    asked: list[bool] = []
+    monkeypatch.setattr(
+        vllm_worker, "exit_after_teardown", lambda returning: asked.append(returning)
+    )
+    name = vllm_worker.stopping_worker_name(f"{__name__}.PickedWorker")
+    made = resolve_obj_by_qualname(name)
+    assert made.__mro__[1] is PickedWorker
+    assert resolve_obj_by_qualname(name) is made  # made once
+    worker = made()
+    worker.shutdown()
+    assert (worker.shut, asked) == (True, [True])
+    with pytest.raises(AttributeError):
+        vllm_worker.Missing  # noqa: B018
+
+
+class PickedWorker:
+    """Stands in for the worker class vLLM's platform picks."""
+
+    shut = False
+
+    def shutdown(self) -> None:
+        self.shut = True

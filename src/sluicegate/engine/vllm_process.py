@@ -14,7 +14,8 @@ workers gone, its scheduler and queues shut), but the interpreter's own teardown
 process that holds torch and the model took seconds more here: past the gateway's grace
 (`AsyncLLM.shutdown`'s 5 s), so every stop waited the whole grace and then killed the core.
 So a core leaving on a stop request ends at its first exit handler
-(`child_process.exit_after_teardown`).
+(`child_process.exit_after_teardown`), and so do its workers (`vllm_worker`), which it waits
+for.
 
 Importing this module imports vLLM: the engine imports it when it starts.
 """
@@ -33,6 +34,7 @@ from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
 from sluicegate.child_process import exit_after_teardown, watch_parent
+from sluicegate.engine.vllm_worker import stopping_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ def _stop_orphaned_core() -> None:
 class DetachedMultiprocExecutor(MultiprocExecutor):
     def _init_executor(self) -> None:
         detach_from_gateway()
+        # Its workers end once vLLM's teardown is over (`vllm_worker`), as the core does.
+        parallel = self.vllm_config.parallel_config
+        parallel.worker_cls = stopping_worker_name(parallel.worker_cls)
         super()._init_executor()
 
     def shutdown(self) -> None:
