@@ -147,7 +147,8 @@ def test_scoring_errors_are_400s_naming_the_param(base_url: str, model: str) -> 
 def test_image_and_audio_parts_are_refused_small_or_large(base_url: str, model: str) -> None:
     for filler in (0, 200 * 1024):  # the large one is parsed in the worker process
         for part in (
-            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+            # On loopback (the discard port): a test's URL never leads off the machine.
+            {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}},
             {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
         ):
             messages = [
