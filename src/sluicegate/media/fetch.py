@@ -79,13 +79,18 @@ async def system_lookup(host: str, port: int) -> list[Address]:
     return found
 
 
-def refused(kind: Refusal, where: str) -> MediaError:
-    """The error for a connection the policy refuses (`where`: the address, or the name and
-    the address it resolved to)."""
+NAME_REFUSED = "the image's host name resolves to no address the gateway fetches from"
+"""The client's message for a name that does not resolve or resolves only to refused
+addresses, alike: which one it was, and the addresses, would tell a client what the gateway's
+network holds. The reason (a metric's label, the operator's) still tells them apart."""
+
+
+def refused(kind: Refusal, address: str) -> MediaError:
+    """The error for a literal address (the client's own) the policy refuses."""
     return MediaError(
         kind,
-        f"the image's URL leads to {REASONS[kind]} ({where}), which the gateway does not fetch "
-        "from",
+        f"the image's URL leads to {REASONS[kind]} ({address}), which the gateway does not "
+        "fetch from",
     )
 
 
@@ -106,11 +111,11 @@ class _Guard(AbstractResolver):
         try:
             addresses = await self.lookup(host, port)
         except (OSError, UnicodeError):  # a name the IDNA codec refuses is one too
-            self.refusal = MediaError("unresolved", "the image's host name does not resolve")
+            self.refusal = MediaError("unresolved", NAME_REFUSED)
             raise OSError(f"{host}: does not resolve") from None
         allowed_name = self.policy.allows_name(host)
         usable: list[Address] = []
-        first_refused: MediaError | None = None
+        first_refused: Refusal | None = None
         for address in addresses:
             kind = None if allowed_name else self.policy.check(address)
             if kind is None:
@@ -118,11 +123,9 @@ class _Guard(AbstractResolver):
                 if allowed_name:
                     self.by_name.add(address)
             elif first_refused is None:
-                first_refused = refused(kind, f"{host} resolves to {address}")
+                first_refused = kind
         if not usable:
-            self.refusal = first_refused or MediaError(
-                "unresolved", "the image's host name does not resolve"
-            )
+            self.refusal = MediaError(first_refused or "unresolved", NAME_REFUSED)
             raise OSError(f"{host}: no address the media policy allows")
         return [
             {
@@ -146,7 +149,8 @@ class _Guard(AbstractResolver):
         if address is not None and address not in self.by_name:
             reason = self.policy.check(address)
         if reason is not None:
-            self.refusal = refused(reason, str(sockaddr[0]))
+            # Reached only past the other checks; the address may be a name's: not shown.
+            self.refusal = MediaError(reason, NAME_REFUSED)
             raise OSError(f"{sockaddr[0]}: refused by the media policy")
         return socket.socket(family=family, type=kind, proto=proto)
 
