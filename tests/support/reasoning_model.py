@@ -26,6 +26,8 @@ import shutil
 import struct
 from pathlib import Path
 
+from tests.support.derived_model import derived_model
+
 END_ID = 15
 START_ID = 14
 PERIOD_ID = 30
@@ -65,28 +67,19 @@ def reasoning_template() -> str:
 
 def reasoning_model(folder: Path | None = None) -> Path:
     """The variant with weights (about 540 MB), made once beside the bundled model (or in
-    `folder`) and kept while its marker matches the bundled model's and the recipe."""
-    from sluicegate.engine.model import READY_MARKER, bundled_model_dir
-    from sluicegate.settings import Settings
+    `folder`)."""
+    return derived_model("reasoning", RECIPE, MARKER, _build, folder)
 
-    source = bundled_model_dir(Settings().model_cache_dir)
-    target = folder or source.with_name(source.name + "-reasoning")
-    stamp = f"{RECIPE}\n{(source / READY_MARKER).read_text()}"
-    marker = target / MARKER
-    if marker.exists() and marker.read_text() == stamp:
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(source, partial)
-    (partial / READY_MARKER).unlink(missing_ok=True)
-    _rename_tokens(partial, {END_ID: "</think>"})
-    _copy_row(partial / "model.safetensors", "model.embed_tokens.weight", PERIOD_ID, END_ID)
-    (partial / TEMPLATE_FILE).write_text(reasoning_template())
-    (partial / "chat_template.jinja").write_text(reasoning_template())
-    partial.rename(target)
-    marker.write_text(stamp)
-    return target
+
+def _build(source: Path, folder: Path) -> None:
+    from sluicegate.engine.model import READY_MARKER
+
+    shutil.copytree(source, folder)
+    (folder / READY_MARKER).unlink(missing_ok=True)
+    _rename_tokens(folder, {END_ID: "</think>"})
+    _copy_row(folder / "model.safetensors", "model.embed_tokens.weight", PERIOD_ID, END_ID)
+    (folder / TEMPLATE_FILE).write_text(reasoning_template())
+    (folder / "chat_template.jinja").write_text(reasoning_template())
 
 
 def reasoning_tokenizer(folder: Path, with_start: bool = False) -> Path:

@@ -14,9 +14,10 @@ default scale the image barely moves the output.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
+
+from tests.support.derived_model import derived_model
 
 RECIPE = "vision-v1"
 """Changes when the recipe does: a folder made by another is made again."""
@@ -67,28 +68,16 @@ TEMPLATE = (
 
 
 def vision_model(folder: Path | None = None) -> Path:
-    """The model's folder (about 260 MB, bfloat16 on disk), made once beside the bundled
-    model (or in `folder`) and kept while its marker matches the bundled model's and the
-    recipe."""
-    from sluicegate.engine.model import READY_MARKER, bundled_model_dir
-    from sluicegate.settings import Settings
+    """The model's folder (about 270 MB, bfloat16 on disk), made once beside the bundled
+    model (or in `folder`)."""
+    return derived_model("vision", RECIPE, MARKER, _build, folder)
 
-    source = bundled_model_dir(Settings().model_cache_dir)
-    target = folder or source.with_name(source.name + "-vision")
-    stamp = f"{RECIPE}\n{(source / READY_MARKER).read_text()}"
-    marker = target / MARKER
-    if marker.exists() and marker.read_text() == stamp:
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    _tokenizer(source, partial)
-    _weights(source, partial)
-    _processor(partial)
-    partial.rename(target)
-    marker.write_text(stamp)
-    return target
+
+def _build(source: Path, folder: Path) -> None:
+    folder.mkdir(parents=True)
+    _tokenizer(source, folder)
+    _weights(source, folder)
+    _processor(folder)
 
 
 def _tokenizer(source: Path, folder: Path) -> None:
