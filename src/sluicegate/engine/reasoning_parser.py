@@ -5,12 +5,19 @@ deepseek_r1, qwen3, step3, ...) and driven as vLLM's chat server drives it: one 
 choice, composed by vLLM's `ParserManager` (reasoning only: tool calls are read later, from
 the content, by `engine.tool_parser`), fed each delta's text and token ids, with the prompt's
 ids on the first so that a prompt which already closed the thoughts makes the rest content.
+
+vLLM's server feeds its parsers a token at a time, and its thinking parsers count on it: a
+delta holding `<think>` and more leaves the marker in the thoughts. Ours come larger (an
+upstream's events read together, an engine's outputs merged while the reader was busy), so
+each delta is cut at the tokenizer's added tokens (the markers are among them) and each
+marker fed alone: the split is the one a token at a time gives, however the output came.
 vLLM is imported lazily: a gateway over upstreams never loads it.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -106,6 +113,7 @@ class VLLMReasoningParser:
         self._encode: Callable[[str], list[int]] | None = None
         if encodes_text:
             self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+        self._markers = _Markers(dict(tokenizer.get_added_vocab()))
         # A parser without state, for the questions asked of prompts alone.
         self._probe: Any = self._parser({})
 
@@ -113,7 +121,12 @@ class VLLMReasoningParser:
         self, prompt_ids: Sequence[int], template_kwargs: Mapping[str, Any]
     ) -> ReasoningStream:
         return _Stream(
-            self._parser(template_kwargs), self._request, prompt_ids, self.name, self._encode
+            self._parser(template_kwargs),
+            self._request,
+            prompt_ids,
+            self.name,
+            self._markers,
+            self._encode,
         )
 
     def prompt_ends_reasoning(self, prompt_ids: Sequence[int]) -> bool:
@@ -145,9 +158,11 @@ class _Stream:
         request: Any,
         prompt_ids: Sequence[int],
         name: str,
+        markers: _Markers,
         encode: Callable[[str], list[int]] | None = None,
     ):
         self._encode = encode
+        self._markers = markers
         self._parser = parser
         self._request = request
         self._prompt: list[int] | None = list(prompt_ids)
@@ -156,13 +171,32 @@ class _Stream:
         self._failed = False
 
     def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> tuple[str, str]:
+        if self._failed:
+            return "", text
         ids = list(token_ids)
-        if not ids and text and self._encode is not None and not self._failed:
-            try:
-                ids = self._encode(text)
-            except Exception:
-                logger.exception("tokenizer failed for reasoning parser %s", self._name)
-                self._failed = True
+        if ids or self._encode is None:
+            pieces = self._markers.cut(text, ids)
+        else:
+            pieces = self._encoded(text)
+        reasoning, content = [], []
+        for i, (piece, piece_ids) in enumerate(pieces):
+            thought, answer = self._feed(piece, piece_ids, finished and i == len(pieces) - 1)
+            reasoning.append(thought)
+            content.append(answer)
+        return "".join(reasoning), "".join(content)
+
+    def _encoded(self, text: str) -> list[tuple[str, list[int]]]:
+        """An upstream's text cut at the markers, each piece with its encoding."""
+        assert self._encode is not None
+        pieces = self._markers.cut(text, [])
+        try:
+            return [(piece, self._encode(piece)) for piece, _ in pieces]
+        except Exception:
+            logger.exception("tokenizer failed for reasoning parser %s", self._name)
+            self._failed = True
+            return [(text, [])]
+
+    def _feed(self, text: str, ids: list[int], finished: bool) -> tuple[str, str]:
         self._ids.extend(ids)
         if self._failed:
             return "", text
@@ -186,6 +220,49 @@ class _Stream:
         except Exception:
             logger.exception("reasoning parser %s failed to count", self._name)
             return 0
+
+
+class _Markers:
+    """The tokenizer's added tokens (`<think>`, `</think>`, the chat's own markers), where a
+    delta is cut so that each reaches the parser alone."""
+
+    def __init__(self, added: Mapping[str, int]):
+        self._by_text = dict(added)
+        self._ids = {token_id: text for text, token_id in added.items()}
+        texts = sorted(added, key=len, reverse=True)
+        self._pattern = re.compile("(" + "|".join(map(re.escape, texts)) + ")") if texts else None
+
+    def cut(self, text: str, ids: list[int]) -> list[tuple[str, list[int]]]:
+        """`text` (made of `ids`, or of no ids known yet) as pieces, each marker one of them,
+        in order; whole when it holds no marker or its markers are not those of its ids (a
+        marker the detokenizer left out of the text)."""
+        if self._pattern is None:
+            return [(text, ids)]
+        if ids and not any(token_id in self._ids for token_id in ids):
+            return [(text, ids)]
+        if not ids and self._pattern.search(text) is None:
+            return [(text, ids)]
+        texts = self._pattern.split(text)  # between, marker, between, ..., between
+        if not ids:
+            return [(piece, []) for piece in texts if piece]
+        runs: list[list[int]] = [[]]
+        marks: list[str] = []
+        for token_id in ids:
+            if token_id in self._ids:
+                marks.append(self._ids[token_id])
+                runs.append([])
+            else:
+                runs[-1].append(token_id)
+        if marks != texts[1::2]:
+            return [(text, ids)]
+        pieces: list[tuple[str, list[int]]] = []
+        for i, between in enumerate(texts[::2]):
+            if i:
+                mark = marks[i - 1]
+                pieces.append((mark, [self._by_text[mark]]))
+            if between or runs[i]:
+                pieces.append((between, runs[i]))
+        return pieces
 
 
 def _request() -> Any:

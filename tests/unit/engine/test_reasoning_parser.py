@@ -85,16 +85,15 @@ def _pieces(tokenizer: Any, text: str, size: int) -> list[tuple[str, list[int]]]
 PROMPT = [1, 9690, 198]  # "<|im_start|>system\n": no marker in it
 
 
-@pytest.mark.parametrize("size", [1, 3])
 @pytest.mark.parametrize(("name", "output"), list(cases()))
-def test_split_streams_as_vllms_server_and_joins_to_its_whole_parse(
-    tokenizers: dict[str, Any], name: str, output: str, size: int
+def test_a_token_at_a_time_streams_as_vllms_server(
+    tokenizers: dict[str, Any], name: str, output: str
 ) -> None:
     tokenizer = tokenizers[name]
     ours = VLLMReasoningParser(name, tokenizer).stream(PROMPT, {})
     theirs = _vllm_parser(name, tokenizer)
     request = _vllm_request()
-    pieces = _pieces(tokenizer, output, size)
+    pieces = _pieces(tokenizer, output, 1)
     ids: list[int] = []
     for i, (text, delta_ids) in enumerate(pieces):
         last = i == len(pieces) - 1
@@ -104,21 +103,50 @@ def test_split_streams_as_vllms_server_and_joins_to_its_whole_parse(
         want = ("", "") if expected is None else (expected.reasoning or "", expected.content or "")
         assert got == want, (i, text)
     assert ours.count() == theirs.count_reasoning_tokens(ids)
-    if size > 1:
-        # vLLM's own streaming keeps `<think>` in the thoughts when a delta holds more than
-        # it: the whole parse differs from vLLM's stream there (the engine's deltas are one
-        # token each but where text is held back).
-        return
-    # Joined, one token a delta, the pieces are vLLM's parse of the whole text (its
-    # unstreamed answer).
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+@pytest.mark.parametrize(("name", "output"), list(cases()))
+def test_deltas_of_any_size_join_to_vllms_whole_parse(
+    tokenizers: dict[str, Any], name: str, output: str, size: int
+) -> None:
+    """Deltas of several tokens (an engine's outputs merged, an upstream's events read
+    together) split as a token at a time does, and join to vLLM's parse of the whole text
+    (its unstreamed answer). vLLM's own stream keeps `<think>` in the thoughts when a delta
+    holds more than it; ours feeds each marker alone."""
+    tokenizer = tokenizers[name]
+    request = _vllm_request()
+    pieces = _pieces(tokenizer, output, size)
+    ids = [t for _, d in pieces for t in d]
     reasoning, content, _ = _vllm_parser(name, tokenizer).parse(
         tokenizer.decode(ids), request, model_output_token_ids=ids
     )
-    streamed = VLLMReasoningParser(name, tokenizer).stream(PROMPT, {})
-    joined = [streamed.feed(t, d, i == len(pieces) - 1) for i, (t, d) in enumerate(pieces)]
-    assert "".join(r for r, _ in joined) == (reasoning or "")
-    assert "".join(c for _, c in joined) == (content or "")
-    assert streamed.count() == theirs.count_reasoning_tokens(ids)
+    for encodes_text in (False, True):
+        streamed = VLLMReasoningParser(name, tokenizer, encodes_text=encodes_text).stream(
+            PROMPT, {}
+        )
+        joined = [
+            streamed.feed(t, () if encodes_text else d, i == len(pieces) - 1)
+            for i, (t, d) in enumerate(pieces)
+        ]
+        assert "".join(r for r, _ in joined) == (reasoning or ""), encodes_text
+        assert "".join(c for _, c in joined) == (content or ""), encodes_text
+        assert streamed.count() == _vllm_parser(name, tokenizer).count_reasoning_tokens(ids)
+
+
+def test_a_marker_the_text_left_out_feeds_the_delta_whole(tokenizers: dict[str, Any]) -> None:
+    """A delta whose ids hold a marker its text lacks (a special token the detokenizer
+    skipped) goes to the parser whole, as vLLM's server would send it: the split is vLLM's."""
+    tokenizer = tokenizers["deepseek_r1"]
+    ours = VLLMReasoningParser("deepseek_r1", tokenizer).stream(PROMPT, {})
+    theirs = _vllm_parser("deepseek_r1", tokenizer)
+    words = tokenizer.encode(" Hmm. Paris", add_special_tokens=False)
+    for text, ids, last in [
+        ("Hmm.", [14, *words[:2]], False),
+        (" Paris", [15, *words[2:]], True),
+    ]:
+        expected = theirs.parse_delta(text, ids, _vllm_request(), PROMPT, finished=last)
+        assert ours.feed(text, ids, last) == (expected.reasoning or "", expected.content or "")
 
 
 def test_step3_counts_the_tokens_before_the_end_of_thoughts(tokenizers: dict[str, Any]) -> None:
