@@ -14,6 +14,7 @@ sluicegate / vLLM.
     .venv/bin/python bench/compare_vllm.py --lora           # to a LoRA adapter, on both
     .venv/bin/python bench/compare_vllm.py --api messages   # Anthropic's /v1/messages, on both
     .venv/bin/python bench/compare_vllm.py --reasoning      # a reasoning model, split on both
+    .venv/bin/python bench/compare_vllm.py --images         # a vision model, an image each
 
 With `--lora`, a rank-8 adapter made here with peft (`tests/support/adapters.py`) is loaded
 by both servers at start-up (vLLM's `--lora-modules`, sluicegate's `LORA_MODULES`), and every
@@ -23,7 +24,11 @@ answers end where the model stops, at the same token on both. With `--reasoning`
 the reasoning variant of the bundled model (`tests/support/reasoning_model.py`) with vLLM's
 `step3` parser and the variant's template (vLLM's `--reasoning-parser`, sluicegate's
 `REASONING_PARSER`): each answer's first sentence is thoughts, split from the rest on both
-servers (vLLM's benchmark takes a first chunk of thoughts as the first token).
+servers (vLLM's benchmark takes a first chunk of thoughts as the first token). With
+`--images`, both serve the vision model the tests make (`tests/support/vision_model.py`), and
+every request holds one random image inline (vLLM's `random-mm` set, a `data:` URI): the
+gateway reads it, counts its tokens with vLLM's processor and hands vLLM the pixels; vLLM's
+server decodes it itself.
 
 Absolute numbers drift between machines and runs; the ratios are the result.
 """
@@ -83,6 +88,14 @@ def server_command(kind: str, model: str, port: int, args: argparse.Namespace) -
         if args.reasoning_parser
         else []
     )
+    if args.images:
+        # One image a prompt on both (vLLM's `--limit-mm-per-prompt`, sluicegate's bound).
+        reasoning = ["--chat-template", args.chat_template]
+        reasoning += (
+            ["--limit-mm-per-prompt", '{"image": 1}']
+            if kind == "vllm"
+            else ["--media-max-images", "1"]
+        )
     if kind == "vllm":
         adapter = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", lora] if lora else []
         several = ["--api-server-count", str(servers)] if servers > 1 else []
@@ -213,11 +226,21 @@ def drive(
         api = ["--backend", messages_backend.BACKEND, "--endpoint", "/v1/messages"]
     else:
         api = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--ignore-eos"]
+    dataset = ["--dataset-name", "random"]
+    if args.images:
+        # vLLM's random multimodal set: one random image a request, inline (a data: URI).
+        side = str(args.image_side)
+        dataset = [
+            "--dataset-name", "random-mm", "--random-mm-base-items-per-request", "1",
+            "--random-mm-num-mm-items-range-ratio", "0",
+            "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}',
+            "--random-mm-bucket-config", f"{{({side}, {side}, 1): 1.0}}",
+        ]  # fmt: skip
     bench_args = parser.parse_args([
         *api,
         "--base-url", f"http://127.0.0.1:{port}", "--model", requested_model(args),
         "--tokenizer", model,
-        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        *dataset, "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--seed", str(concurrency if seed is None else seed), "--disable-tqdm",
@@ -542,6 +565,15 @@ def parse_args(
         help="both servers serve a reasoning variant of the bundled model made here, and split "
         "its thoughts with vLLM's step3 parser",
     )
+    parser.add_argument(
+        "--images",
+        action="store_true",
+        help="both servers serve the vision model the tests make (Idefics3 over the bundled "
+        "SmolLM2), and every request holds one random image inline (vLLM's random-mm set)",
+    )
+    parser.add_argument(
+        "--image-side", type=int, default=256, help="with --images: each image's side, pixels"
+    )
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
@@ -555,6 +587,12 @@ def parse_args(
         args.model = str(reasoning_model())
         args.reasoning_parser = PARSER
         args.chat_template = str(Path(args.model) / TEMPLATE_FILE)
+    if args.images:
+        sys.path.insert(0, str(ROOT))
+        from tests.support.vision_model import vision_model
+
+        args.model = str(vision_model())
+        args.chat_template = str(Path(args.model) / "chat_template.jinja")
     if args.lora:
         sys.path.insert(0, str(ROOT))
         from tests.support.adapters import make_adapters
@@ -580,6 +618,12 @@ def main() -> None:
     if args.reasoning:
         shape += f"; a reasoning model (the bundled one taught `</think>`, vLLM's {PARSER_NOTE})"
         name += "-reasoning"
+    if args.images:
+        shape += (
+            f"; one random {args.image_side}x{args.image_side} image a request, inline, on a "
+            "vision model made from the bundled one (Idefics3, 64-pixel tiles)"
+        )
+        name += "-images"
     if args.api == "messages":
         shape = f"/v1/messages streamed, greedy; {args.input_len} tokens in, up to "
         shape += f"{args.output_len} out"
