@@ -43,6 +43,8 @@ HEAVY_MODULES = frozenset(
         # vLLM's own server beside the gateway, both on the reasoning variant of the model.
         "integration/reasoning/test_parity.py",
         "integration/reasoning/test_agents.py",
+        # vLLM's own server beside the gateway, both on the vision model.
+        "integration/vision/test_parity.py",
         "browser/test_cors.py",
         "browser/test_playground.py",
         # One engine, in this lane to even the two out: on 2026-12-06 the other ran 23.2

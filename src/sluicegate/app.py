@@ -134,6 +134,7 @@ def create_app(
                 reasoning_seal=await wiring.reasoning.open_reasoning_seal(
                     settings, client, worker.reasoning_key
                 ),
+                media=wiring.media.media_loader(settings),
             )
             yield state.lifespan_state()
             logger.info("shutting down the engines")

@@ -78,6 +78,9 @@ class MediaError(InvalidRequestError):
     def __init__(self, reason: str, message: str, *, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.reason = reason
+        self.index: int | None = None
+        """Which of a request's images it is, when the part is not named yet (an engine's
+        refusal of one of a prompt's images)."""
 
     def for_part(self, param: str) -> MediaError:
         """The same error, naming the request's part it came from."""

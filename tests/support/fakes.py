@@ -30,6 +30,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     EngineTimes,
     Prompt,
+    PromptImage,
     ReasoningParser,
     SamplingOptions,
     StructuredOutput,
@@ -40,7 +41,12 @@ from sluicegate.engine.protocol import (
     Tools,
 )
 from sluicegate.engine.upstream.config import UpstreamConfig
-from sluicegate.errors import EngineUnavailableError, GatewayError, InvalidRequestError
+from sluicegate.errors import (
+    EngineUnavailableError,
+    GatewayError,
+    InvalidRequestError,
+    MediaError,
+)
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.server import GIL_SWITCH_INTERVAL
@@ -136,6 +142,22 @@ class FakeEngine:
     renders_chat: bool = False
     engine_load: EngineLoad | None = None
     """What `load()` reports (a test sets it); None: not known, as for an upstream."""
+    takes_images: bool = False
+    tokens_per_image: int = 16
+    """What each image adds to a prompt (`image_tokens`), exactly unless
+    `estimates_images`."""
+    estimates_images: bool = False
+    refused_image: int | None = None
+    """The position of an image `image_tokens` refuses, as vLLM's processor may."""
+    counted_prompt_tokens: int | None = None
+    """The prompt tokens the steps report (by default the prompt's own length)."""
+
+    async def image_tokens(self, images: Sequence[PromptImage]) -> tuple[list[int], bool]:
+        if self.refused_image is not None and self.refused_image < len(images):
+            refused = MediaError("model_refused", "the model cannot read it: too wide")
+            refused.index = self.refused_image
+            raise refused
+        return [self.tokens_per_image] * len(images), not self.estimates_images
 
     async def generate(
         self,
@@ -171,7 +193,7 @@ class FakeEngine:
                         ChoiceDelta(index=i, text="", num_tokens=1, reasoning=thought)
                         for i in range(options.n)
                     ],
-                    prompt_tokens=len(prompt.ids),
+                    prompt_tokens=self.counted_prompt_tokens or prompt.length,
                 )
             for position, word in enumerate(words):
                 if self.fail_after_words is not None and position == self.fail_after_words:
@@ -198,7 +220,7 @@ class FakeEngine:
                         )
                         for i in range(options.n)
                     ],
-                    prompt_tokens=len(prompt.ids),
+                    prompt_tokens=self.counted_prompt_tokens or prompt.length,
                     finished=last,
                     prompt_logprobs=_prompt_logprobs(prompt.ids, options)
                     if position == 0

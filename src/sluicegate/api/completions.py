@@ -44,6 +44,7 @@ from sluicegate.http.cache_hits import body_fingerprint, cache_control
 from sluicegate.http.disconnect import until_disconnect
 from sluicegate.http.sse import Keepalive, open_event_stream
 from sluicegate.http.state import AppState
+from sluicegate.inference.images import RequestImages
 from sluicegate.inference.run import Run
 from sluicegate.inference.service import DeltaSource
 from sluicegate.models.served import ServedModel
@@ -69,7 +70,11 @@ FALLBACK_HEADER = "x-sluicegate-fallback"
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: StateDep
 ) -> Response:
-    return await respond(body.model, body.stream, request, state, _prepare_chat(body))
+    images = None
+    if parts := body.image_parts():
+        images = RequestImages(parts, state.media)
+    prepare = _prepare_chat(body, images)
+    return await respond(body.model, body.stream, request, state, prepare, images is not None)
 
 
 @router.post("/completions", response_model=None)
@@ -89,9 +94,9 @@ Prepare = Callable[[ServedModel], Awaitable[Prepared]]
 """Makes the request ready on a model (each model of a fallback chain in turn)."""
 
 
-def _prepare_chat(body: ChatCompletionRequest) -> Prepare:
+def _prepare_chat(body: ChatCompletionRequest, images: RequestImages | None = None) -> Prepare:
     async def prepare(model: ServedModel) -> Prepared:
-        return Prepared(await model.service.prepare_chat(body))
+        return Prepared(await model.service.prepare_chat(body, images))
 
     return prepare
 
@@ -104,12 +109,21 @@ def _prepare_completion(body: CompletionRequest) -> Prepare:
 
 
 async def respond(
-    model: str, stream: bool, request: Request, state: AppState, prepare: Prepare
+    model: str,
+    stream: bool,
+    request: Request,
+    state: AppState,
+    prepare: Prepare,
+    images: bool = False,
 ) -> Response:
     """The request answered by `model` (an alias or adapter resolved), or by its fallbacks
-    in order while each fails before its first byte."""
+    in order while each fails before its first byte (with `images`, those that read them)."""
     chain = models_for(request, state).chain(model)
     asked = chain[0]
+    if images:
+        # A fallback that reads text only is none for a request with images (the model
+        # asked for refuses them itself, saying so).
+        chain = [asked, *(m for m in chain[1:] if m.engine.takes_images)]
     for position, served in enumerate(chain):
         try:
             mark_model(served.name)

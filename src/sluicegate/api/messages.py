@@ -25,8 +25,10 @@ from sluicegate.api.completions import Prepared, respond
 from sluicegate.api.deps import StateDep, models_for
 from sluicegate.api.route import CountedRoute, LargeBodyRoute
 from sluicegate.engine.protocol import EngineClient
-from sluicegate.errors import InvalidRequestError
+from sluicegate.errors import InvalidRequestError, MediaError
 from sluicegate.http.errors import validated
+from sluicegate.inference.images import RequestImages
+from sluicegate.media.loader import MediaLoader
 from sluicegate.models.served import ServedModel
 from sluicegate.wire.message_body import MessageEnvelope
 from sluicegate.wire.message_format import MessagesFormat
@@ -49,18 +51,31 @@ async def create_message(body: MessagesRequest, request: Request, state: StateDe
     chat = chat_request(body.chat_body)
     seal = state.reasoning_seal
     verify_thoughts(body.signed_thoughts(), seal)
+    images = message_images(body, chat, state.media)
 
     async def prepare(model: ServedModel) -> Prepared:
         try:
-            run = await model.service.prepare_chat(for_engine(chat, model.engine))
+            run = await model.service.prepare_chat(for_engine(chat, model.engine), images)
         except InvalidRequestError as exc:
-            exc.param = None if exc.param is None else param_for(exc.param)
+            if not isinstance(exc, MediaError):  # an image's error names its block already
+                exc.param = None if exc.param is None else param_for(exc.param)
             raise
         envelope = MessageEnvelope(model.name, seal)
         fmt = MessagesFormat(run.format, envelope, run.prompt_tokens)
         return Prepared(dataclasses.replace(run, format=fmt))
 
-    return await respond(body.model, body.stream, request, state, prepare)
+    return await respond(body.model, body.stream, request, state, prepare, images is not None)
+
+
+def message_images(
+    body: MessagesRequest | CountTokensRequest, chat: ChatCompletionRequest, loader: MediaLoader
+) -> RequestImages | None:
+    """The chat's images, each named by its block of the Messages request."""
+    parts = chat.image_parts()
+    if not parts:
+        return None
+    named = list(zip(body.image_params(), (image for _, image in parts), strict=True))
+    return RequestImages(named, loader, part_type="image")
 
 
 def verify_thoughts(thoughts: Iterable[SignedThought], seal: ReasoningSeal) -> None:
@@ -95,10 +110,12 @@ def for_engine(chat: ChatCompletionRequest, engine: EngineClient) -> ChatComplet
 async def count_tokens(body: CountTokensRequest, request: Request, state: StateDep) -> Response:
     """The input tokens the token budget counts for the request on its model."""
     model = models_for(request, state).resolve(body.model)
+    chat = chat_request(body.chat_body)
     try:
-        count = await model.service.count_chat(chat_request(body.chat_body))
+        count = await model.service.count_chat(chat, message_images(body, chat, state.media))
     except InvalidRequestError as exc:
-        exc.param = None if exc.param is None else param_for(exc.param)
+        if not isinstance(exc, MediaError):
+            exc.param = None if exc.param is None else param_for(exc.param)
         raise
     return JSONResponse({"input_tokens": count})
 

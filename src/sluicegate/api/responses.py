@@ -35,15 +35,27 @@ from sluicegate.api.deps import KeyIdDep, StateDep
 from sluicegate.api.route import LargeBodyRoute
 from sluicegate.conversation.fitted import fitted_items
 from sluicegate.conversation.record import StoredResponse, encode_items
-from sluicegate.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
+from sluicegate.errors import (
+    InvalidRequestError,
+    MediaError,
+    NotFoundError,
+    StoreUnavailableError,
+)
 from sluicegate.http.errors import validated
 from sluicegate.http.state import AppState
 from sluicegate.inference.budget import BudgetReport
+from sluicegate.inference.images import RequestImages
 from sluicegate.models.served import ServedModel
 from sluicegate.wire.requests import ChatCompletionRequest
 from sluicegate.wire.response_body import ResponseEnvelope, identified
 from sluicegate.wire.response_format import ResponsesFormat
-from sluicegate.wire.responses import Item, ResponsesRequest, chat_body, param_for
+from sluicegate.wire.responses import (
+    Item,
+    ResponsesRequest,
+    chat_body,
+    image_params,
+    param_for,
+)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["responses"], route_class=LargeBodyRoute)
@@ -56,12 +68,18 @@ async def create_response(
     body = body.opened(state.reasoning_seal)
     history = await _history(state, key_id, body.previous_response_id)
     chat = chat_request(chat_body(body, history))
+    images = None
+    if parts := chat.image_parts():
+        places = image_params(history, body.input_items())
+        named = list(zip(places, (image for _, image in parts), strict=True))
+        images = RequestImages(named, state.media, part_type="input_image")
 
     async def prepare(model: ServedModel) -> Prepared:
         try:
-            run = await model.service.prepare_chat(chat)
+            run = await model.service.prepare_chat(chat, images)
         except InvalidRequestError as exc:
-            exc.param = None if exc.param is None else param_for(exc.param)
+            if not isinstance(exc, MediaError):  # an image's error names its part already
+                exc.param = None if exc.param is None else param_for(exc.param)
             raise
         conversation = _used(history, body, run.budget)
         measured = _measured(state, conversation) if body.store else None
@@ -77,7 +95,7 @@ async def create_response(
 
         return Prepared(dataclasses.replace(run, format=fmt), answered)
 
-    return await respond(body.model, body.stream, request, state, prepare)
+    return await respond(body.model, body.stream, request, state, prepare, images is not None)
 
 
 @router.get("/responses/{response_id}", response_model=None)

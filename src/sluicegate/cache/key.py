@@ -65,6 +65,12 @@ def cache_key(
         # Length first, so prompt boundaries are part of what is hashed.
         digest.update(len(prompt.ids).to_bytes(4, "little"))
         digest.update(array("q", prompt.ids).tobytes())
+        for image in prompt.images:
+            # The image by its bytes' digest, never its URL (the same URL may give other
+            # bytes); nothing is added without images, so text keys stay what they were.
+            seen = f"image:{image.digest}:{image.detail or ''}".encode()
+            digest.update(len(seen).to_bytes(4, "little"))
+            digest.update(seen)
         if prompt.ids and prompt.chat is None:
             continue
         described = _described(prompt)

@@ -234,7 +234,7 @@ class ResponseCache:
         if control.no_cache:
             # Generates and replaces the entry; nobody attaches to it.
             return Lookup("BYPASS", self._new_flight(key, run, store=True), leads=True)
-        if fingerprint is not None:
+        if fingerprint is not None and not _images_vary(run):
             self.fast_path.note(fingerprint, HitShape.of(key, run, stream))
 
         leader = self._flights.get(key)
@@ -417,3 +417,10 @@ class ResponseCache:
 def _hit(found: NearEntry) -> Lookup:
     age = max(0, int(time.time() - found.created))
     return Lookup("HIT", completion=found.completion, entry=found, age=age)
+
+
+def _images_vary(run: Run) -> bool:
+    """Whether the same body may be another request later, or be counted otherwise: an image
+    by URL may give other bytes (its key, the bytes' digest, still finds the entry once
+    fetched), and an upstream's estimate of its images is not the count a hit charges."""
+    return any(p.images_estimated or any(i.url for i in p.images) for p in run.prompts)

@@ -46,7 +46,7 @@ def _text_of(item: Item) -> str | None:
     value: Any = item.get("content") if kind == "message" else item.get("output")
     if value is None:
         return None
-    return value if isinstance(value, str) else "".join(p["text"] for p in value)
+    return value if isinstance(value, str) else "".join(p["text"] for p in value if "text" in p)
 
 
 def _with_text(item: Item, text: str) -> Item:

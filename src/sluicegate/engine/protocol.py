@@ -7,6 +7,7 @@ vLLM, so gateway logic can be typed and tested without it.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,7 +216,10 @@ class Tokenized:
 
 ChatMessages = Sequence[Mapping[str, Any]]
 """Messages as chat templates take them: `role` and `content` (text), and where the message
-has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`."""
+has them `name`, `tool_calls` (arguments parsed to JSON values) and `tool_call_id`. A user
+message with images also has `parts`: its text and images in order (`{"type": "text",
+"text": ...}`, `{"type": "image"}`), its images those of `Prompt.images` in the order of the
+conversation; `content` is then its text alone."""
 Tools = Sequence[Mapping[str, Any]]
 """Tools as chat templates take them (OpenAI's `{"type": "function", "function": {...}}`)."""
 TemplateKwargs = Mapping[str, Any]
@@ -236,6 +240,26 @@ class ChatPrompt:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptImage:
+    """An image of a prompt, read by the gateway (`media`): the engine never fetches."""
+
+    digest: str
+    """SHA-256 of its bytes, hex: what the cache key and vLLM's multimodal ids hold."""
+    media_type: str
+    data: bytes = field(repr=False)
+    pixels: Any = field(repr=False, compare=False)
+    """Its pixels (a PIL image, RGB), for an engine in this process."""
+    detail: str | None = None
+    url: str | None = field(default=None, repr=False)
+    """The http(s) URL it was fetched from (the same URL may give other bytes later; never in
+    a repr: it may carry a signed token); None: it came inline."""
+
+    def data_uri(self) -> str:
+        """The image inline, as upstreams get it."""
+        return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
     """One prompt as the engine receives it."""
 
@@ -246,10 +270,18 @@ class Prompt:
     """The chat, for an engine that renders it itself (`EngineClient.renders_chat`)."""
     text: str | None = None
     """A completion prompt's text when it was sent as text and kept whole."""
+    images: tuple[PromptImage, ...] = ()
+    """A chat's images, in the order of its messages' `parts`; `ids` hold one placeholder
+    per image (the template's), which the engine expands."""
+    image_tokens: int = 0
+    """The tokens the images add beyond their placeholders (`EngineClient.image_tokens`)."""
+    images_estimated: bool = False
+    """`image_tokens` is an estimate (an upstream's): the engine's own count of the prompt,
+    when it gives one, is the prompt's."""
 
     @property
     def length(self) -> int:
-        return len(self.ids)
+        return len(self.ids) + self.image_tokens
 
 
 class PromptTokenizer(Protocol):
@@ -416,6 +448,18 @@ class EngineClient(Protocol):
 
     @property
     def max_model_len(self) -> int: ...
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model reads images (`Prompt.images`); a request with one is refused
+        before anything is fetched when it does not."""
+        ...
+
+    async def image_tokens(self, images: Sequence[PromptImage]) -> tuple[list[int], bool]:
+        """The tokens each image adds to a prompt beyond its placeholder, and whether they are
+        exact: in process they are (vLLM's processor), upstream an estimate
+        (`media_upstream_image_tokens`)."""
+        ...
 
     def generate(
         self,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sluicegate.engine.protocol import (
     MAX_TOKEN_CHARS,
@@ -50,10 +51,14 @@ class HFPromptTokenizer:
         tokenizer: Any,
         inline_limit_chars: int = INLINE_LIMIT_CHARS,
         chat_template: str | None = None,
+        images: ImageTemplate | None = None,
     ):
-        """`chat_template` (Jinja text) replaces the model's own."""
+        """`chat_template` (Jinja text) replaces the model's own. `images`: how the template
+        takes a message's images (a model that reads them); None: a message's text alone is
+        rendered (a count of an upstream's prompt, whose images are estimated)."""
         self._tokenizer = tokenizer
         self._template = chat_template
+        self._images = images
         self._inline_limit = inline_limit_chars
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         # A fast tokenizer's Rust core, called directly where only lengths and offsets are
@@ -74,6 +79,11 @@ class HFPromptTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self._tokenizer)
+
+    @property
+    def images(self) -> ImageTemplate | None:
+        """How the template takes images; None: it is given a message's text alone."""
+        return self._images
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -191,7 +201,7 @@ class HFPromptTokenizer:
         try:
             return str(
                 self._tokenizer.apply_chat_template(
-                    [_both_reasoning_names(m) for m in messages],
+                    _template_messages(messages, self._images),
                     tools=[dict(t) for t in tools] if tools else None,
                     chat_template=self._template,
                     tokenize=False,
@@ -336,6 +346,64 @@ def _reasoning(message: Mapping[str, Any]) -> str:
     return thought if isinstance(thought, str) else ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageTemplate:
+    """How a model's chat template takes a message's images (vLLM's content format)."""
+
+    format: Literal["openai", "string"]
+    """"openai": every message's content as parts (text as text parts), the template places
+    each `{"type": "image"}` itself; "string": content as text, with the placeholders of
+    its images first, as vLLM's server puts them."""
+    placeholders: tuple[str, ...]
+    """The model's text for the n-th image of a conversation (`<image>` for Idefics3,
+    `<|image_1|>`, `<|image_2|>`, ... for others): the first `max_images`."""
+
+
+def _template_messages(
+    messages: ChatMessages, images: ImageTemplate | None
+) -> list[dict[str, Any]]:
+    rendered = [_both_reasoning_names(m) for m in messages]
+    if images is None:
+        for message in rendered:
+            message.pop("parts", None)
+        return rendered
+    seen = 0
+    for message in rendered:
+        seen += _with_images(message, images, seen)
+    return rendered
+
+
+def _with_images(message: dict[str, Any], images: ImageTemplate, seen: int) -> int:
+    """The message as the template takes it (as vLLM's renderer gives it), its images
+    numbered after the `seen` ones before; how many it has."""
+    parts = message.pop("parts", None)
+    if images.format == "openai":
+        if parts is not None:
+            message["content"] = parts
+        elif message["role"] != "tool":  # vLLM hands tool results on as text
+            text = message.get("content")
+            message["content"] = [] if text is None else [{"type": "text", "text": text}]
+        return 0 if parts is None else sum(1 for part in parts if part["type"] == "image")
+    if parts is None:
+        return 0
+    count = sum(1 for part in parts if part["type"] == "image")
+    texts = "\n".join(part["text"] for part in parts if part["type"] == "text")
+    last = len(images.placeholders) - 1  # the images past the bound are refused anyway
+    wanted = Counter(images.placeholders[min(seen + k, last)] for k in range(count))
+    missing: list[str] = []
+    for placeholder, number in wanted.items():
+        # Placeholders the client wrote into the text stand for images, as vLLM's do.
+        left = number - texts.count(placeholder)
+        if left < 0:
+            raise InvalidRequestError(
+                f"The messages hold more {placeholder!r} placeholders than images.",
+                param="messages",
+            )
+        missing += [placeholder] * left
+    message["content"] = "\n".join([*missing, texts] if texts else missing)
+    return count
+
+
 def _both_reasoning_names(message: Mapping[str, Any]) -> dict[str, Any]:
     """The message as templates take it: an assistant's thoughts under both names, as vLLM's
     renderer gives them (templates read one or the other)."""
@@ -368,6 +436,8 @@ def _without_text(message: Mapping[str, Any]) -> dict[str, Any]:
     """The message with no content, thoughts or call arguments: what the template adds
     around them (`_bounded_encoding`)."""
     blank = {**message, "content": ""}
+    if "parts" in message:
+        blank["parts"] = [part for part in message["parts"] if part["type"] != "text"]
     for name in ("reasoning", "reasoning_content"):
         if name in message:
             blank[name] = ""

@@ -25,6 +25,7 @@ from sluicegate.engine.protocol import (
     EngineTimes,
     FinishReason,
     Prompt,
+    PromptImage,
     ReasoningOptions,
     ReasoningParser,
     SamplingOptions,
@@ -36,6 +37,7 @@ from sluicegate.engine.reasoning_parser import VLLMReasoningParser, check_reason
 from sluicegate.engine.tokenizer import HFPromptTokenizer
 from sluicegate.engine.tool_parser import VLLMToolCallParser
 from sluicegate.engine.vllm_adapters import LoadedAdapters
+from sluicegate.engine.vllm_images import VLLMImages, image_template
 from sluicegate.errors import EngineUnavailableError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -94,6 +96,9 @@ class EngineConfig:
     `--reasoning-parser-plugin`), loaded here and in the engine core."""
     lora: LoraConfig | None = None
     """LoRA adapters on (vLLM's `enable_lora`), with these bounds; None: off."""
+    max_images: int = 8
+    """Images one prompt may hold (vLLM's `limit_mm_per_prompt`; a model that reads none
+    ignores it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,7 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "enable_prefix_caching": config.enable_prefix_caching,
+        "limit_mm_per_prompt": {"image": config.max_images},
         "scheduling_policy": config.scheduling_policy,
         "enforce_eager": enforce_eager,
         "disable_log_stats": False,
@@ -202,6 +208,9 @@ class VLLMEngine:
         self._meter = meter
         self.adapters = adapters
         """The LoRA adapters loaded, when LoRA is on (`EngineConfig.lora`)."""
+        # (Unit tests build the engine over stand-ins that have no tokenizer.)
+        reads_images = getattr(tokenizer, "images", None) is not None
+        self._images = VLLMImages(llm, tokenizer) if reads_images else None
 
     @classmethod
     async def start(
@@ -236,7 +245,12 @@ class VLLMEngine:
         )
         try:
             hf_tokenizer = llm.get_tokenizer()
-            tokenizer = HFPromptTokenizer(hf_tokenizer, chat_template=config.chat_template)
+            images = image_template(
+                llm, vllm_config.model_config, config.chat_template, config.max_images
+            )
+            tokenizer = HFPromptTokenizer(
+                hf_tokenizer, chat_template=config.chat_template, images=images
+            )
             parser = None
             if config.tool_call_parser is not None:
                 parser = VLLMToolCallParser(config.tool_call_parser, hf_tokenizer)
@@ -277,6 +291,15 @@ class VLLMEngine:
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def takes_images(self) -> bool:
+        return self._images is not None
+
+    async def image_tokens(self, images: Sequence[PromptImage]) -> tuple[list[int], bool]:
+        if self._images is None:
+            return [0] * len(images), True
+        return await self._images.extra_tokens(images), True
 
     def generate(
         self,
@@ -327,7 +350,12 @@ class VLLMEngine:
             raise EngineUnavailableError()
         try:
             params = _sampling_params(options)
-            given = tokens_input(prompt.ids)
+            if prompt.images and self._images is not None:
+                # Its processor expands each placeholder, right before the request goes in
+                # (its cache assumes what it processed reaches the core).
+                given: Any = await self._images.processed(prompt, arrival_time)
+            else:
+                given = tokens_input(prompt.ids)
             # vLLM's server stamps the arrival before it renders and tokenizes; so do we, or
             # `vllm:time_to_first_token_seconds` would leave out the gateway's share.
             given["arrival_time"] = arrival_time

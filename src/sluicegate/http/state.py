@@ -16,6 +16,7 @@ from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.conversation.store import ResponseStore
 from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
+from sluicegate.media.loader import MediaLoader
 from sluicegate.models.registry import ModelRegistry
 from sluicegate.observability.key_label import KeyLabels
 from sluicegate.offload import ProcessOffload
@@ -92,6 +93,8 @@ class AppState:
         default_factory=lambda: ReasoningSeal((secrets.token_bytes(MIN_KEY_BYTES),))
     )
     """Signs thinking blocks and seals reasoning items (`wiring.reasoning`)."""
+    media: MediaLoader = field(default_factory=MediaLoader.default)
+    """Reads the images of requests (`wiring.media`)."""
 
     def lifespan_state(self) -> dict[str, AppState]:
         """What the lifespan yields."""

@@ -15,8 +15,9 @@ Every fitted request carries a `BudgetReport`, sent back as `X-Budget-*` headers
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NoReturn
 
 from sluicegate.engine.protocol import (
     MAX_TOKEN_CHARS,
@@ -35,6 +36,8 @@ from sluicegate.observability.metrics import (
 from sluicegate.wire.requests import Overflow, Truncation
 
 MaxTokensSource = Literal["client", "clamped", "default"]
+ImageCost = Callable[[], Awaitable[tuple[int, bool]]]
+"""What a chat's images add to its prompt, and whether exactly (`inference.images`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,19 +120,34 @@ class TokenBudget:
         truncation: Truncation | None = None,
         tools: Tools | None = None,
         template_kwargs: TemplateKwargs | None = None,
+        image_tokens: ImageCost | None = None,
     ) -> FittedPrompts:
         """The chat prompt's ids, truncated to fit if allowed, and the max_tokens to use.
 
         `tools` are rendered into the prompt and counted; truncation never removes them.
-        `template_kwargs` go to the chat template at every rendering."""
+        `template_kwargs` go to the chat template at every rendering. `image_tokens`: what
+        the chat's images add to its ids and whether exactly, asked once its text fits (its
+        images are read for it). A chat with images fits whole or is refused, never
+        truncated; an estimate alone refuses nothing (the completion gets what the text
+        leaves, at least its minimum: the engine counts)."""
         ask = _Ask(max_tokens, min_tokens, "messages")
         limit = self._prompt_limit(ask)
         encoding = await self._tokenizer.encode_chat_counted(
             messages, ids_up_to=limit, tools=tools, template_kwargs=template_kwargs
         )
-        before = encoding.length
+        extra, exact = 0, True
+        if image_tokens is not None:
+            if encoding.length > limit:
+                self._refuse_images(encoding.length, limit, None)
+            extra, exact = await image_tokens()
+        before = encoding.length + extra
         if before <= limit:
-            return self._fitted([encoding.ids], before, ask, messages=messages)
+            return self._fitted([encoding.ids], before, ask, messages=messages, extra=extra)
+        if extra and not exact:
+            counted = limit - encoding.length
+            return self._fitted([encoding.ids], before, ask, messages=messages, extra=counted)
+        if extra:
+            self._refuse_images(before, limit, extra)
         # Truncation off, or the completion alone asking for the whole context: a 400.
         if (truncation or self._policy.chat_truncation) == "disabled" or limit <= 0:
             self._check_fits(before, limit, ask.param)
@@ -197,6 +215,17 @@ class TokenBudget:
             )
         return text[-longest:]
 
+    def _refuse_images(self, prompt: int, limit: int, image_tokens: int | None) -> NoReturn:
+        room = self._max_model_len - limit
+        images = "" if image_tokens is None else f", {image_tokens} of them for their images"
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {self._max_model_len} tokens. However, "
+            f"you requested {prompt + room} tokens ({prompt} in the messages{images}, {room} "
+            "in the completion). A conversation with images is not truncated: please send "
+            "fewer or smaller images, or shorter messages.",
+            param="messages",
+        )
+
     def _prompt_limit(self, ask: _Ask) -> int:
         """The most prompt tokens that leave the completion its minimum room."""
         return self._max_model_len - ask.room(self._policy)
@@ -221,9 +250,11 @@ class TokenBudget:
         steps: tuple[str, ...] = (),
         messages: ChatMessages | None = None,
         truncated: TruncatedChat | None = None,
+        extra: int = 0,
     ) -> FittedPrompts:
-        max_tokens, source = self._max_tokens(max(len(p) for p in prompts), ask)
-        after = sum(len(p) for p in prompts)
+        """`extra`: the prompt's tokens beyond its ids (its images')."""
+        max_tokens, source = self._max_tokens(max(len(p) for p in prompts) + extra, ask)
+        after = sum(len(p) for p in prompts) + extra
         report = BudgetReport(before, after, max_tokens, source, dropped, steps, truncated)
         if report.trimmed:
             BUDGET_TRIMMED_REQUESTS.inc()

@@ -57,7 +57,8 @@ class Run:
     `model`, for the cache key."""
     counted: dict[int, int] = field(default_factory=dict)
     """Prompt tokens the engine counted, by prompt, for prompts whose ids the gateway does
-    not know (an upstream without a tokenizer); filled in as the run goes."""
+    not know (an upstream without a tokenizer), or whose images it estimated
+    (`Prompt.images_estimated`); filled in as the run goes."""
     began: set[int] = field(default_factory=set)
     """The prompts the engine took up (a step of theirs came); filled in as the run goes."""
 
@@ -71,7 +72,9 @@ class Run:
     def prompt_tokens(self) -> int:
         """Its prompts' tokens: as tokenized here, or as the engine counted them (for those
         no tokenizer here counts, known once their first step came)."""
-        return sum(len(p.ids) for p in self.prompts) + sum(self.counted.values())
+        return sum(p.length for i, p in enumerate(self.prompts) if i not in self.counted) + sum(
+            self.counted.values()
+        )
 
     def uncounted_prompt_bound(self) -> int:
         """At most how many tokens the prompts no tokenizer here counted may take, to be
@@ -95,9 +98,7 @@ class Run:
         some came (`answered`)."""
         if not self.began:
             return self.prompt_tokens if answered else 0
-        return sum(
-            len(self.prompts[index].ids) or self.counted.get(index, 0) for index in self.began
-        )
+        return sum(self.counted.get(index, self.prompts[index].length) for index in self.began)
 
     def plain_stream(self) -> bool:
         """Whether the run, streamed, could be its engine's own events (`wire.passthrough`):

@@ -26,6 +26,7 @@ from sluicegate.engine.protocol import (
 )
 from sluicegate.errors import InvalidRequestError
 from sluicegate.inference.budget import BudgetPolicy, BudgetReport, FittedPrompts, TokenBudget
+from sluicegate.inference.images import CountedImages, RequestImages
 from sluicegate.inference.load_limits import LoadLimits
 from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.reasoning import ReasoningSplit, chat_shaped
@@ -109,18 +110,34 @@ class CompletionService:
 
     # ---- preparing ----------------------------------------------------------------------
 
-    async def prepare_chat(self, request: ChatCompletionRequest) -> Run:
+    async def prepare_chat(
+        self, request: ChatCompletionRequest, images: RequestImages | None = None
+    ) -> Run:
+        """`images`: the request's images (`request.image_parts()`), read here once the
+        cheaper checks passed, and once for all the models of a fallback chain."""
         arrival_time = time.time()
         if len(request.messages) > self._limits.max_messages:
             raise InvalidRequestError(
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
             )
+        self._check_images(request, images)
         self._check_sampling(request)
         self._limits.check_sequences(1, request.n)
         tools = request.tool_setup(self._limits.tools)
         structured = await self._constraint(request, tools)
         messages = request.prompt_messages()
+        counted = CountedImages((), 0, True)
+
+        async def image_tokens() -> tuple[int, bool]:
+            # Asked by the budget once the text fits: the images are read only then.
+            nonlocal counted
+            assert images is not None
+            counted = await images.counted(self._engine)
+            return counted.tokens, counted.exact
+
         if self._budget is None:
+            if images:
+                await image_tokens()
             fitted = self._unfitted(request, [[]], messages)
         else:
             fitted = await self._budget.fit_chat(
@@ -130,6 +147,7 @@ class CompletionService:
                 truncation=request.truncation,
                 tools=tools.tools,
                 template_kwargs=_template_kwargs(request),
+                image_tokens=image_tokens if images else None,
             )
         chat = None
         if self._engine.renders_chat:
@@ -148,13 +166,24 @@ class CompletionService:
             include_reasoning=request.include_reasoning,
         )
         options = self._options(request, fitted, structured)
-        prompts = [Prompt(ids, chat=chat) for ids in fitted.prompts]
+        prompts = [
+            Prompt(
+                ids,
+                chat=chat,
+                images=counted.images,
+                image_tokens=counted.tokens,
+                images_estimated=not counted.exact,
+            )
+            for ids in fitted.prompts
+        ]
         return self._prepared(request, fmt, prompts, options, arrival_time, fitted.report)
 
-    async def count_chat(self, request: ChatCompletionRequest) -> int:
+    async def count_chat(
+        self, request: ChatCompletionRequest, images: RequestImages | None = None
+    ) -> int:
         """The prompt tokens the token budget counts for `request` before fitting it: its
-        messages through the chat template, its tools included (Anthropic's
-        `count_tokens`)."""
+        messages through the chat template, its tools included, its images' tokens (read
+        for it: exact in process, estimated upstream) (Anthropic's `count_tokens`)."""
         if self._tokenizer is None:
             raise InvalidRequestError(
                 "This model's tokens cannot be counted here: its upstreams have no /tokenize "
@@ -164,7 +193,9 @@ class CompletionService:
             raise InvalidRequestError(
                 f"At most {self._limits.max_messages} messages are accepted.", param="messages"
             )
+        self._check_images(request, images)
         tools = request.tool_setup(self._limits.tools)
+        extra = 0 if images is None else (await images.counted(self._engine)).tokens
         # Exact within the context window, as the budget counts the run: a count by parts
         # (what longer prompts get) differs where tokens merge across them.
         encoding = await self._tokenizer.encode_chat_counted(
@@ -173,7 +204,7 @@ class CompletionService:
             tools=tools.tools,
             template_kwargs=_template_kwargs(request),
         )
-        return encoding.length
+        return encoding.length + extra
 
     async def prepare_completion(self, request: CompletionRequest) -> Run:
         arrival_time = time.time()
@@ -279,6 +310,17 @@ class CompletionService:
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         return prompt
+
+    def _check_images(self, request: ChatCompletionRequest, images: RequestImages | None) -> None:
+        """A model that reads text only refuses images before anything is read; the bound on
+        their number holds before anything is rendered."""
+        if images is None:
+            if request.image_parts():  # a caller that forgot them: refused, never ignored
+                raise InvalidRequestError("Images are not read on this endpoint.")
+            return
+        if not self._engine.takes_images:
+            images.refuse_text_only()
+        images.check_count()
 
     def _check_sampling(self, request: SamplingRequest) -> None:
         """The request's own bounds, checked before any tokenizing."""
@@ -670,8 +712,10 @@ async def _merge(
 
 
 def _count_prompt(run: Run, prompt_index: int, step: EngineStep) -> None:
-    """Keep the engine's count of a prompt whose ids the gateway does not know."""
-    if step.prompt_tokens and not run.prompts[prompt_index].ids:
+    """Keep the engine's count of a prompt whose ids the gateway does not know, or whose
+    images it could only estimate."""
+    prompt = run.prompts[prompt_index]
+    if step.prompt_tokens and (not prompt.ids or prompt.images_estimated):
         run.counted[prompt_index] = step.prompt_tokens
 
 

@@ -28,6 +28,14 @@ class TokenizationService:
         """vLLM's `TokenizeResponse`: count, max_model_len, tokens, token_strs."""
         tokenizer = self._tokenizer()
         if request.messages is not None:
+            for i, message in enumerate(request.messages):
+                if isinstance(message.content, list) and message.has_images():
+                    j = next(j for j, p in enumerate(message.content) if p.type == "image_url")
+                    raise InvalidRequestError(
+                        "/tokenize counts text only: send the conversation without its "
+                        "images (a chat answer's usage counts them)",
+                        param=f"messages.{i}.content.{j}",
+                    )
             param = "messages"
             text = await tokenizer.render_chat(
                 request.prompt_messages(),

@@ -15,8 +15,9 @@ from PIL import Image
 from sluicegate.errors import MediaError
 from sluicegate.media import data_uri
 from sluicegate.media.decode import decode
-from sluicegate.media.fetch import Fetcher
+from sluicegate.media.fetch import Fetcher, FetchLimits
 from sluicegate.media.formats import MEDIA_TYPES, ImageFormat, sniff
+from sluicegate.media.policy import AddressPolicy
 from sluicegate.observability.metrics import (
     MEDIA_FETCH_BYTES,
     MEDIA_FETCH_SECONDS,
@@ -24,6 +25,7 @@ from sluicegate.observability.metrics import (
     MEDIA_REFUSALS,
 )
 from sluicegate.offload import Offload
+from sluicegate.offload import offload as shared_offload
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +57,31 @@ class ImageSource:
     base64: str | None = None
 
 
+MAX_PIXELS = 8_388_608
+MAX_IMAGES = 8
+URLS_OFF = "this gateway reads images sent inline only (data: URIs), not by URL"
+
+
 class MediaLoader:
     def __init__(
-        self, fetcher: Fetcher, max_pixels: int, max_images: int, offload: Offload
+        self,
+        fetcher: Fetcher,
+        max_pixels: int = MAX_PIXELS,
+        max_images: int = MAX_IMAGES,
+        offload: Offload | None = None,
+        fetch_urls: bool = True,
     ) -> None:
+        """`fetch_urls` false: an http(s) URL is refused (`urls_off`) unfetched."""
         self.fetcher = fetcher
         self.max_pixels = max_pixels
         self.max_images = max_images
-        self.offload = offload
+        self.offload = offload or shared_offload
+        self.fetch_urls = fetch_urls
+
+    @classmethod
+    def default(cls) -> MediaLoader:
+        """The settings' defaults: no address allowed beyond the public ones."""
+        return cls(Fetcher(AddressPolicy(), FetchLimits()))
 
     @property
     def max_bytes(self) -> int:
@@ -71,12 +90,7 @@ class MediaLoader:
     async def load_all(self, sources: list[ImageSource]) -> list[LoadedImage]:
         """Every image of a request, in order, read side by side; the first refusal ends
         them all, as a `MediaError` naming its part."""
-        if len(sources) > self.max_images:
-            MEDIA_REFUSALS.labels("too_many_images").inc()
-            raise MediaError(
-                "too_many_images",
-                f"the request has {len(sources)} images, more than the {self.max_images} allowed",
-            )
+        self.check_count(len(sources))
         if len(sources) == 1:
             return [await self.load(sources[0])]
         tasks = [asyncio.ensure_future(self.load(source)) for source in sources]
@@ -88,6 +102,14 @@ class MediaLoader:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    def check_count(self, count: int) -> None:
+        if count > self.max_images:
+            MEDIA_REFUSALS.labels("too_many_images").inc()
+            raise MediaError(
+                "too_many_images",
+                f"the request has {count} images, more than the {self.max_images} allowed",
+            )
 
     async def load(self, source: ImageSource) -> LoadedImage:
         try:
@@ -105,6 +127,8 @@ class MediaLoader:
         elif source.url is not None and source.url[:5].lower() == "data:":
             _, payload = data_uri.split(source.url)
         elif source.url is not None:
+            if not self.fetch_urls:
+                raise MediaError("urls_off", URLS_OFF)
             return await self._fetch(source.url)
         else:
             raise MediaError("bad_url", "the image part has no URL and no data")

@@ -95,6 +95,9 @@ class ModelEntry(BaseModel):
     """The model name sent upstream; unset: the one the upstreams list first."""
     max_model_len: int | None = Field(default=None, ge=16)
     """The context window when the upstreams do not say (vLLM's `/v1/models` does)."""
+    images: bool = True
+    """Whether the upstreams' model reads images; false: a request with one gets a 400
+    before anything is fetched (upstreams only: the local model says so itself)."""
     fallbacks: list[str] = []
     rate_limit: ModelRateLimit | None = None
     price: ModelPrice | None = None
@@ -151,11 +154,16 @@ def check_entries(
                 "not an entry's"
             )
         if entry.is_local and (
-            entry.tokenizer or entry.upstream_model or entry.api_key_env or entry.reasoning_parser
+            entry.tokenizer
+            or entry.upstream_model
+            or entry.api_key_env
+            or entry.reasoning_parser
+            or not entry.images
         ):
             raise ModelsFileError(
-                f"{where}: tokenizer, upstream_model, api_key_env and reasoning_parser are for "
-                "upstreams; the local engine is configured by the SLUICEGATE_* engine settings"
+                f"{where}: tokenizer, upstream_model, api_key_env, reasoning_parser and images "
+                "are for upstreams; the local engine is configured by the SLUICEGATE_* engine "
+                "settings"
             )
         if entry.reasoning_parser is not None and entry.kind != "chat":
             raise ModelsFileError(f"{where}: reasoning_parser is for chat models")

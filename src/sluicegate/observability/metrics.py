@@ -319,7 +319,8 @@ MEDIA_REFUSALS = Counter(
     "link_local, private, unspecified, reserved), too_large, too_many_pixels, "
     "too_many_images, timeout, redirects, status, unreachable, unresolved, bad_response, "
     "not_an_image, "
-    "undecodable, bad_url, bad_data_uri.",
+    "undecodable, bad_url, bad_data_uri; text_only (a model that reads none) and urls_off "
+    "(MEDIA_FETCH_URLS false).",
     ["reason"],
 )
 
@@ -449,6 +450,32 @@ for _reason in (
     ADMISSION_REFUSED.labels(_reason)
 for _kind in ("json_schema", "json_object", "regex", "choice", "grammar", "tool_call"):
     STRUCTURED_OUTPUT_REQUESTS.labels(_kind)
+for _outcome in ("ok", "refused", "failed"):
+    MEDIA_FETCHES.labels(_outcome)
+for _reason in (
+    "metadata",
+    "loopback",
+    "link_local",
+    "private",
+    "unspecified",
+    "reserved",
+    "too_large",
+    "too_many_pixels",
+    "too_many_images",
+    "timeout",
+    "redirects",
+    "status",
+    "unreachable",
+    "unresolved",
+    "bad_response",
+    "not_an_image",
+    "undecodable",
+    "bad_url",
+    "bad_data_uri",
+    "text_only",
+    "urls_off",
+):
+    MEDIA_REFUSALS.labels(_reason)
 for _mode in ("auto", "required", "named"):
     TOOL_CALLS.labels(_mode)
     for _tool_outcome in ("called", "invalid_arguments", "text"):

@@ -15,6 +15,7 @@ from sluicegate.settings.browsers import BrowserSettings
 from sluicegate.settings.budget import BudgetSettings
 from sluicegate.settings.cache import CacheSettings
 from sluicegate.settings.engine import EngineSettings
+from sluicegate.settings.media import MediaSettings
 from sluicegate.settings.models import ModelSettings
 from sluicegate.settings.rate_limits import RateLimitSettings
 from sluicegate.settings.reasoning import ReasoningSettings
@@ -28,6 +29,7 @@ from sluicegate.settings.upstream import UpstreamSettings
 class Settings(
     EngineSettings,
     BudgetSettings,
+    MediaSettings,
     AdmissionSettings,
     CacheSettings,
     RateLimitSettings,

@@ -52,6 +52,10 @@ def compact_body(model: type[BaseModel], body: bytes, convert: bool = False) -> 
     messages = getattr(request, "messages", None)  # chat completions, /tokenize
     if isinstance(messages, list) and "messages" in data:
         for message, parsed in zip(data["messages"], messages, strict=True):
-            if isinstance(parsed, ChatMessage) and isinstance(parsed.content, list):
+            if (
+                isinstance(parsed, ChatMessage)
+                and isinstance(parsed.content, list)
+                and not parsed.has_images()
+            ):
                 message["content"] = parsed.text()
     return CompactBody(data, [])

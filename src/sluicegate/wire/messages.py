@@ -15,15 +15,17 @@ A thinking block comes back with the `signature` the gateway gave it
 (`Converted.signed_thoughts`) for the route to verify, since it may run in a worker process
 that holds no key.
 
-What this server cannot do is refused here, by name: images and documents (its models take
-text only), server tools (web search, code execution), MCP servers. Unknown fields are
-ignored, as vLLM's server ignores them.
+Image blocks in user turns become the chat's `image_url` parts (base64 sources as `data:` URIs),
+their places recorded (`Converted.image_params`) so that an image's error names the block.
+What this server cannot do is refused here, by name: documents, images outside user turns,
+server tools (web search, code execution), MCP servers. Unknown fields are ignored, as vLLM's
+server ignores them.
 
 A turn, and the system prompt, hold at most `MAX_CONTENT_BLOCKS` blocks each (a 400 past
 it). A body large enough to be parsed in the worker process (`api.route.LargeBodyRoute`) is
 converted there too (`Converted.converted`): what comes back to the event loop is the chat
-request's turns, one string of content each, not the blocks (nor the system prompt's, nor the
-tools), and the thinking blocks' digests and signatures.
+request's turns, one string of content each (a list of parts with images), not the blocks
+(nor the system prompt's, nor the tools), and the thinking blocks' digests and signatures.
 """
 
 from __future__ import annotations
@@ -175,9 +177,15 @@ class Converted(_Model):
     _chat: dict[str, Any] | tuple[str, str] | None = PrivateAttr(default=None)
     """The chat body, or what the conversion refused (message, param)."""
     _thoughts: tuple[SignedThought, ...] = PrivateAttr(default=())
+    _images: tuple[str, ...] = PrivateAttr(default=())
 
     def convert(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def image_params(self) -> tuple[str, ...]:
+        """Where each image of the chat request is in this one (`messages.0.content.1`), in
+        the chat's order (once `chat_body` has answered)."""
+        return self._images
 
     def signed_thoughts(self) -> tuple[SignedThought, ...]:
         """The thinking blocks of the assistant turns, as the conversion found them (once
@@ -240,8 +248,10 @@ class MessagesRequest(Converted):
 
     def convert(self) -> dict[str, Any]:
         thoughts: list[SignedThought] = []
-        body = chat_body(self, thoughts)
+        images: list[str] = []
+        body = chat_body(self, thoughts, images)
         self._thoughts = tuple(thoughts)
+        self._images = tuple(images)
         return body
 
 
@@ -267,22 +277,27 @@ class CountTokensRequest(Converted):
         where it does, signed or not) and the effort the template is given."""
         fields = reasoning_fields(self.thinking, self.output_config)
         fields.pop("thinking_token_budget", None)  # it bounds generation, not the prompt
+        images: list[str] = []
+        messages = chat_messages(self.messages, self.system, images=images)
+        self._images = tuple(images)
         return {
             "model": self.model,
-            "messages": chat_messages(self.messages, self.system),
+            "messages": messages,
             **tool_fields(self.tools, self.tool_choice),
             **fields,
         }
 
 
 def chat_body(
-    request: MessagesRequest, thoughts: list[SignedThought] | None = None
+    request: MessagesRequest,
+    thoughts: list[SignedThought] | None = None,
+    images: list[str] | None = None,
 ) -> dict[str, Any]:
     """The chat completion request this Messages request runs as; the thinking blocks of its
-    assistant turns are added to `thoughts`."""
+    assistant turns are added to `thoughts`, the places of its images to `images`."""
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": chat_messages(request.messages, request.system, thoughts),
+        "messages": chat_messages(request.messages, request.system, thoughts, images),
         "max_tokens": request.max_tokens,
         "stream": request.stream,
     }
@@ -317,9 +332,11 @@ def chat_messages(
     messages: list[Message],
     system: str | list[TextBlock] | None,
     thoughts: list[SignedThought] | None = None,
+    images: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The turns as chat messages: the system prompt first (without Claude Code's billing
-    header), tool results as `tool` turns before the user text that came with them, tool uses
+    header), tool results as `tool` turns before the user text that came with them, image
+    blocks as `image_url` parts among the user text (each place added to `images`), tool uses
     as the assistant turn's `tool_calls`, thinking blocks as its `reasoning` (each added to
     `thoughts`)."""
     chat: list[dict[str, Any]] = []
@@ -328,34 +345,61 @@ def chat_messages(
     if system:
         chat.append({"role": "system", "content": system})
     found = [] if thoughts is None else thoughts
+    places = [] if images is None else images
     for index, message in enumerate(messages):
         if message.role == "user":
-            chat.extend(_user_turns(message, index))
+            chat.extend(_user_turns(message, index, places))
         else:
             chat.append(_assistant_turn(message, index, found))
     return chat
 
 
-def _user_turns(message: Message, index: int) -> list[dict[str, Any]]:
+def _user_turns(message: Message, index: int, images: list[str]) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
+    pictured = False
     for position, block in enumerate(message.blocks()):
         kind = block.get("type")
         where = f"messages.{index}.content.{position}"
         if kind == "text":
-            texts.append(_text(block, where))
+            parts.append({"type": "text", "text": _text(block, where)})
         elif kind == "tool_result":
             turns.append(_tool_turn(block, where))
-        elif kind in ("image", "document"):
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, where)}})
+            images.append(where)
+            pictured = True
+        elif kind == "document":
             raise UnsupportedBlockError(TEXT_ONLY.format(kind=kind), where)
         else:
             raise UnsupportedBlockError(
-                f"{kind!r} blocks are not supported in user turns (text and tool_result are)",
+                f"{kind!r} blocks are not supported in user turns (text, image and "
+                "tool_result are)",
                 where,
             )
-    if texts:
-        turns.append({"role": "user", "content": "\n".join(texts)})
+    if pictured:
+        turns.append({"role": "user", "content": parts})
+    elif parts:
+        turns.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
     return turns
+
+
+def _image_url(block: dict[str, Any], where: str) -> str:
+    """An image block's source as a chat image's URL: base64 data as a `data:` URI."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source, dict):
+        media_type, data = source.get("media_type"), source.get("data")
+        if isinstance(media_type, str) and isinstance(data, str):
+            return f"data:{media_type};base64,{data}"
+        raise UnsupportedBlockError(
+            "a base64 image source needs its media_type and data (strings)", f"{where}.source"
+        )
+    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return str(source["url"])
+    raise UnsupportedBlockError(
+        "an image block's source is base64 (media_type, data) or url", f"{where}.source"
+    )
 
 
 def _assistant_turn(message: Message, index: int, thoughts: list[SignedThought]) -> dict[str, Any]:
@@ -375,7 +419,9 @@ def _assistant_turn(message: Message, index: int, thoughts: list[SignedThought])
             thoughts.append(thought.signed)
         elif kind == "redacted_thinking":
             continue  # never written here: Anthropic's encrypted thoughts, opaque to a model
-        elif kind in ("image", "document"):
+        elif kind == "image":
+            raise UnsupportedBlockError("images are read in user turns only", where)
+        elif kind == "document":
             raise UnsupportedBlockError(TEXT_ONLY.format(kind=kind), where)
         else:
             raise UnsupportedBlockError(
@@ -441,7 +487,12 @@ def _tool_turn(block: dict[str, Any], where: str) -> dict[str, Any]:
         parts = []
         for position, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in ("image", "document"):
+            if kind == "image":
+                raise UnsupportedBlockError(
+                    "images in tool results are not supported (send them in the user turn)",
+                    f"{where}.content.{position}",
+                )
+            if kind == "document":
                 raise UnsupportedBlockError(
                     TEXT_ONLY.format(kind=kind), f"{where}.content.{position}"
                 )

@@ -115,25 +115,37 @@ TEXT_ONLY = (
     "this model takes text only: content parts of type '{type}' are not supported "
     "(send 'text' parts)"
 )
+IMAGE_DETAILS = ("auto", "low", "high")
+
+
+class ImageURL(_Model):
+    """An `image_url` part's image: an http(s) URL or a `data:` URI (fetched or decoded by the
+    gateway, `media`)."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class ContentPart(_Model):
-    """One part of a message's content. Only text reaches this text-only model: `text` parts,
-    and in assistant messages `refusal` parts (read as their text, as vLLM's server does).
-    Any other type (`image_url`, `input_audio`, `file`, ...) is refused by `ChatMessage`."""
+    """One part of a message's content: `text` parts, `image_url` parts in user messages, and
+    in assistant messages `refusal` parts (read as their text, as vLLM's server does). Any
+    other type (`input_audio`, `file`, ...) is refused by `ChatMessage`; an image by a model
+    that takes text only (`inference.images`)."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: ImageURL | None = None
 
     @property
     def value(self) -> str:
+        """The part's text ("" for an image)."""
         return (self.text if self.type == "text" else self.refusal) or ""
 
     @property
     def field(self) -> str:
-        """The field holding the part's text."""
-        return "text" if self.type == "text" else "refusal"
+        """The field holding the part's content."""
+        return {"text": "text", "image_url": "image_url"}.get(self.type, "refusal")
 
 
 def _part_error(loc: Loc, kind: str, message: str, **context: str) -> NoReturn:
@@ -179,7 +191,9 @@ class ChatMessage(_Model):
                     "unsupported_content",
                     "refusal parts are only allowed in assistant messages",
                 )
-            if part.type not in ("text", "refusal"):
+            if part.type == "image_url" and role != "user":
+                _part_error((j,), "unsupported_content", "images are read in user messages only")
+            if part.type not in ("text", "refusal", "image_url"):
                 _part_error((j,), "unsupported_content", TEXT_ONLY, type=part.type)
             if getattr(part, part.field) is None:
                 _part_error(
@@ -227,12 +241,22 @@ class ChatMessage(_Model):
             located.append((("reasoning_content",), self.reasoning_content))
         return located
 
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(p.type == "image_url" for p in self.content)
+
     def prompt_message(self) -> dict[str, Any]:
-        """The message as chat templates take it: content as text, `developer` as `system`,
+        """The message as chat templates take it: content as text (and, in a message with
+        images, `parts`: its text and image parts in order, each image `{"type": "image"}`, for
+        the engine's template to place: `ChatMessages`), `developer` as `system`,
         legacy `function` messages and `function_call` as tool messages and `tool_calls`,
         call arguments as JSON values where they parse (templates write them as JSON)."""
         role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
         message: dict[str, Any] = {"role": role, "content": self.text()}
+        if isinstance(self.content, list) and self.has_images():
+            message["parts"] = [
+                {"type": "image"} if p.type == "image_url" else {"type": "text", "text": p.value}
+                for p in self.content
+            ]
         if self.name is not None and self.role in ("tool", "function"):
             message["name"] = self.name
         if self.tool_call_id is not None and role == "tool":
@@ -263,7 +287,11 @@ class ChatMessage(_Model):
         if isinstance(content, str):
             located.append(((index, "content"), content))
         elif content is not None:
-            located += [((index, "content", j, p.field), p.value) for j, p in enumerate(content)]
+            located += [
+                ((index, "content", j, p.field), p.value)
+                for j, p in enumerate(content)
+                if p.type != "image_url"
+            ]
         if self.name is not None:
             located.append(((index, "name"), self.name))
         located += [((index, *loc), text) for loc, text in self.other_texts()]
@@ -274,7 +302,7 @@ class ChatMessage(_Model):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.value for part in self.content)
+        return "\n".join(part.value for part in self.content if part.type != "image_url")
 
 
 def check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -662,6 +690,17 @@ class ChatCompletionRequest(SamplingRequest):
 
     def prompt_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
+
+    def image_parts(self) -> list[tuple[str, ImageURL]]:
+        """The request's images in order, each with its place (`messages.1.content.2`)."""
+        found: list[tuple[str, ImageURL]] = []
+        for i, message in enumerate(self.messages):
+            if not isinstance(message.content, list):
+                continue
+            for j, part in enumerate(message.content):
+                if part.type == "image_url" and part.image_url is not None:
+                    found.append((f"messages.{i}.content.{j}", part.image_url))
+        return found
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -159,6 +159,18 @@ _ITEM_FIELDS = {
 needs, all of them checked text (anything else a client sends is dropped, never stored)."""
 
 
+def _stored_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A message's part as stored: its text, or an image as it came (by URL, or inline: a
+    continuation reads it again)."""
+    if part["type"] == "input_image":
+        return {
+            "type": "input_image",
+            "image_url": part["image_url"],
+            "detail": part.get("detail", "auto"),
+        }
+    return {"type": part["type"], "text": part["text"]}
+
+
 def identified(items: list[Item]) -> list[Item]:
     """Input items as they are stored and listed: each with a new id, a message's content as
     text parts (`input_text`, or `output_text` for the assistant's), a reasoning item's text
@@ -176,7 +188,7 @@ def identified(items: list[Item]) -> list[Item]:
                 part = "output_text" if item["role"] == "assistant" else "input_text"
                 stored["content"] = [{"type": part, "text": content}]
             else:
-                stored["content"] = [{"type": c["type"], "text": c["text"]} for c in content]
+                stored["content"] = [_stored_part(c) for c in content]
         elif kind == "function_call_output" and isinstance(item["output"], list):
             parts = item["output"]
             stored["output"] = [

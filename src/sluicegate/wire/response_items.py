@@ -14,6 +14,7 @@ from typing import Any
 
 from sluicegate.errors import InvalidRequestError
 from sluicegate.wire.reasoning_seal import ReasoningSeal, SealError
+from sluicegate.wire.requests import IMAGE_DETAILS
 
 Item = dict[str, Any]
 """An input or output item, as JSON (messages, function calls and their outputs, reasoning)."""
@@ -31,9 +32,9 @@ class InvalidItem(ValueError):
 
 
 def check_item(item: Any, index: int) -> Item:
-    """The item, checked: a message (its content a string or text parts), a function call,
-    a function call's output or a reasoning item. Anything else (images, files, built-in tool
-    calls, item references) is refused."""
+    """The item, checked: a message (its content a string or text parts, and in a user
+    message `input_image` parts), a function call, a function call's output or a reasoning
+    item. Anything else (files, built-in tool calls, item references) is refused."""
     where = f"input[{index}]"
     if not isinstance(item, dict):
         raise InvalidItem(f"{where} must be an object")
@@ -48,6 +49,9 @@ def check_item(item: Any, index: int) -> Item:
             raise InvalidItem(f"{where}.content must be a string or a list of text parts")
         for j, part in enumerate(content):
             part_type = part.get("type") if isinstance(part, dict) else None
+            if part_type == "input_image" and isinstance(part, dict):
+                _check_image(part, item["role"], f"{where}.content[{j}]")
+                continue
             if part_type not in _TEXT_PARTS or not isinstance(part.get("text"), str):
                 raise InvalidItem(
                     f"{where}.content[{j}]: only input_text and output_text parts are "
@@ -84,6 +88,27 @@ def check_item(item: Any, index: int) -> Item:
         _check_reasoning(item, where)
         return item
     raise InvalidItem(f"{where}: items of type {kind!r} are not supported by this server")
+
+
+def _check_image(part: dict[str, Any], role: str, where: str) -> None:
+    """An `input_image` part: in a user message, its `image_url` (an http(s) URL or a `data:`
+    URI) and `detail`; a `file_id` (the Files API, which this server has not) is refused."""
+    if role != "user":
+        raise InvalidItem(f"{where}: images are read in user messages only")
+    if part.get("file_id") is not None:
+        raise InvalidItem(f"{where}.file_id: files are not supported here (send image_url)")
+    if not isinstance(part.get("image_url"), str):
+        raise InvalidItem(f"{where}.image_url must be a string (a URL or a data: URI)")
+    if part.get("detail", "auto") not in IMAGE_DETAILS:
+        raise InvalidItem(f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}")
+
+
+def images_of(item: Item) -> list[tuple[int, dict[str, Any]]]:
+    """A message item's `input_image` parts, with their positions."""
+    content = item.get("content")
+    if item.get("type", "message") != "message" or not isinstance(content, list):
+        return []
+    return [(j, part) for j, part in enumerate(content) if part.get("type") == "input_image"]
 
 
 def _check_reasoning(item: Item, where: str) -> None:
@@ -128,12 +153,30 @@ def item_texts(item: Item) -> list[str]:
         if isinstance(value, str):
             texts.append(value)
         elif isinstance(value, list):
-            texts += [p["text"] for p in value]
+            texts += [p["text"] for p in value if "text" in p]
     return texts
 
 
 def _text(content: str | list[dict[str, Any]]) -> str:
-    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if "text" in p)
+
+
+def _user_content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content as the chat takes it: its text, or with images, its parts."""
+    if isinstance(content, str) or not any(p["type"] == "input_image" for p in content):
+        return _text(content)
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if part["type"] != "input_image":
+            parts.append({"type": "text", "text": part["text"]})
+            continue
+        image = {"url": part["image_url"]}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        parts.append({"type": "image_url", "image_url": image})
+    return parts
 
 
 def chat_groups(items: list[Item]) -> list[list[int]]:
@@ -176,7 +219,7 @@ def chat_messages(items: list[Item], instructions: str | None = None) -> list[di
             text = _text(first["output"])
             messages.append({"role": "tool", "tool_call_id": first["call_id"], "content": text})
         elif kind == "message" and first["role"] != "assistant":
-            messages.append({"role": first["role"], "content": _text(first["content"])})
+            messages.append({"role": first["role"], "content": _user_content(first["content"])})
         else:
             messages.append(_assistant_turn([items[i] for i in group]))
     return messages

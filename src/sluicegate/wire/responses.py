@@ -32,7 +32,13 @@ from sluicegate.wire.requests import (
     _Model,
 )
 from sluicegate.wire.response_items import Item as Item
-from sluicegate.wire.response_items import chat_messages, check_item, item_texts, opened
+from sluicegate.wire.response_items import (
+    chat_messages,
+    check_item,
+    images_of,
+    item_texts,
+    opened,
+)
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
@@ -299,6 +305,15 @@ _CHAT_TO_RESPONSES = {
     "response_format": "text.format",
     "reasoning_effort": "reasoning.effort",
 }
+
+
+def image_params(history: list[Item], items: list[Item]) -> list[str]:
+    """Where each image of the chat request is, in the chat's order: `input[1].content[2]`,
+    or `previous_response_id` for one of the stored conversation (read again)."""
+    places = ["previous_response_id" for item in history for _ in images_of(item)]
+    for i, item in enumerate(items):
+        places += [f"input[{i}].content[{j}]" for j, _ in images_of(item)]
+    return places
 
 
 def param_for(chat_param: str) -> str:

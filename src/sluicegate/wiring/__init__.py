@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         entries,
         inference,
         keys,
+        media,
         observability,
         quotas,
         reasoning,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
         timeouts,
     )
     from sluicegate.wiring.keys import open_key_store, open_ledger, usage_reader
+    from sluicegate.wiring.media import media_loader
     from sluicegate.wiring.quotas import (
         default_rate_limit,
         embedding_share,
@@ -93,6 +95,7 @@ _SUBMODULES = frozenset(
         "entries",
         "inference",
         "keys",
+        "media",
         "observability",
         "quotas",
         "reasoning",
@@ -126,6 +129,7 @@ _NAMES = {
     "local_engine_configs": "entries",
     "model_entries": "entries",
     "uses_local_engine": "entries",
+    "media_loader": "media",
     "budget_policy": "inference",
     "load_limits": "inference",
     "request_limits": "inference",
@@ -185,6 +189,8 @@ __all__ = [
     "load_limits",
     "local_engine_configs",
     "local_factories",
+    "media",
+    "media_loader",
     "model_entries",
     "observability",
     "open_cache",

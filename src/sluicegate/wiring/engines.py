@@ -59,6 +59,7 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         reasoning_parser=reasoning_parser(settings),
         reasoning_parser_plugin=reasoning_plugin(settings),
         lora=lora,
+        max_images=settings.media_max_images,
     )
 
 
@@ -72,7 +73,9 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
     urls = tuple(settings.upstreams)
     tokenizer, model, max_model_len = settings.tokenizer, None, settings.max_model_len
     parser = reasoning_parser(settings)
+    images = True
     if entry is not None:
+        images = entry.images
         urls = tuple((u.url, u.weight) for u in entry.upstreams)
         key = None if entry.api_key_env is None else os.environ.get(entry.api_key_env)
         tokenizer, model = entry.tokenizer, entry.upstream_model
@@ -121,6 +124,9 @@ def upstream_config(settings: Settings, entry: ModelEntry | None = None) -> Upst
         model=model,
         max_model_len=max_model_len,
         pass_through=settings.upstream_pass_through,
+        images=images,
+        image_tokens=settings.media_upstream_image_tokens,
+        forward_urls=settings.media_upstream_urls == "forward",
     )
 
 

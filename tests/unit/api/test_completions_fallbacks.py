@@ -216,3 +216,34 @@ def test_a_keys_models_list_holds_for_its_fallbacks_too(tmp_path: Path, prefix: 
         wider = create_key(url, models=["primary", "backup"])["key"]
         answer = httpx.post(f"{url}{CHAT}", json=chat("primary"), headers=auth(wider), timeout=10)
         assert answer.json()["model"] == "backup"
+
+
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def with_image() -> dict[str, Any]:
+    parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    return {"model": "primary", "messages": [{"role": "user", "content": parts}]}
+
+
+def test_a_fallback_that_reads_text_only_is_passed_over_for_images(fleet: Fleet) -> None:
+    """primary reads images and fails; backup reads text only and is passed over; local (the
+    last) reads images and answers. Without local, primary's error is the answer."""
+    fleet.primary.takes_images = fleet.local.takes_images = True
+    fleet.primary.fail_before_output = EngineUnavailableError("primary down")
+    response = fleet.client.post(CHAT, json=with_image())
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "local"
+    assert fleet.backup.requests == [] and len(fleet.local.prompts[0].images) == 1
+    fleet.local.takes_images = False
+    response = fleet.client.post(CHAT, json=with_image())
+    assert response.status_code == 503
+    assert response.json()["error"]["message"] == "primary down"
+    # The model asked for reads text only: its own refusal is the answer.
+    fleet.primary.takes_images = False
+    response = fleet.client.post(CHAT, json=with_image())
+    assert response.status_code == 400
+    assert "takes text only" in response.json()["error"]["message"]

@@ -143,7 +143,7 @@ def test_an_error_after_the_first_byte_is_an_error_event(
             },
             400,
             "invalid_request_error",
-            "text only: image blocks are not supported",
+            "a base64 image source needs its media_type and data",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
@@ -258,3 +258,59 @@ def test_count_tokens_is_what_the_budget_counts(client: TestClient) -> None:
     assert counted.json() == {"input_tokens": used}
     unknown = client.post(COUNT, json={**sent, "model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def pictured(source: dict[str, Any]) -> dict[str, Any]:
+    turn = [{"type": "text", "text": "What is it?"}, {"type": "image", "source": source}]
+    return body(messages=[{"role": "user", "content": turn}])
+
+
+def test_image_blocks_reach_a_model_that_reads_them_and_are_counted(
+    client: TestClient, engine: FakeEngine
+) -> None:
+    engine.takes_images = True
+    engine.tokens_per_image = 20
+    image = {"type": "base64", "media_type": "image/png", "data": PIXEL}
+    response = client.post(MESSAGES, json=pictured(image))
+    assert response.status_code == 200, response.text
+    (prompt,) = engine.prompts
+    assert [i.media_type for i in prompt.images] == ["image/png"]
+    assert response.json()["usage"]["input_tokens"] == prompt.length
+    text_only = client.post(COUNT, json={k: v for k, v in body().items() if k != "max_tokens"})
+    counted = client.post(
+        COUNT, json={k: v for k, v in pictured(image).items() if k != "max_tokens"}
+    )
+    assert counted.json()["input_tokens"] > text_only.json()["input_tokens"] + 20 - 1
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ({"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"}, "not a PNG"),
+        ({"type": "url", "url": "http://127.0.0.1:9/a.png"}, "a loopback address"),
+    ],
+)
+def test_an_image_refused_names_its_block_in_anthropics_shape(
+    client: TestClient, engine: FakeEngine, source: dict[str, Any], words: str
+) -> None:
+    engine.takes_images = True
+    response = client.post(MESSAGES, json=pictured(source))
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"].startswith("messages.0.content.1: ")
+    assert words in error["error"]["message"]
+    assert engine.prompts == []
+
+
+def test_a_text_only_model_refuses_an_image_block(client: TestClient, engine: FakeEngine) -> None:
+    image = {"type": "base64", "media_type": "image/png", "data": PIXEL}
+    response = client.post(MESSAGES, json=pictured(image))
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "messages.0.content.1" in message and "text only" in message

@@ -289,3 +289,55 @@ def test_with_truncation_auto_the_fitted_conversation_is_stored() -> None:
         # conversation is the prompt that was charged.
         prompt = sum(len(f"{i['role']} {i['content'][0]['text']}".split()) for i in items)
         assert prompt == created.json()["usage"]["input_tokens"]
+
+
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AA"
+    "AAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+def pictured(image_url: str) -> list[dict[str, object]]:
+    content = [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "image_url": image_url, "detail": "low"},
+    ]
+    return [{"role": "user", "content": content}]
+
+
+def test_input_images_reach_a_model_that_reads_them_and_again_with_the_conversation(
+    sdk: openai.OpenAI, engine: FakeEngine
+) -> None:
+    engine.takes_images = True
+    first = sdk.responses.create(model=FAKE_MODEL, input=pictured(PIXEL))  # type: ignore[arg-type]
+    (prompt,) = engine.prompts
+    assert [(i.media_type, i.detail) for i in prompt.images] == [("image/png", "low")]
+    assert first.usage is not None and first.usage.input_tokens == prompt.length
+    # The stored conversation keeps the image: a continuation reads it again.
+    sdk.responses.create(model=FAKE_MODEL, input="And now?", previous_response_id=first.id)
+    assert len(engine.prompts[1].images) == 1
+    assert engine.prompts[1].images[0].digest == prompt.images[0].digest
+
+
+@pytest.mark.parametrize(
+    ("image_url", "words"),
+    [("data:image/png;base64,bm90IGFuIGltYWdl", "not a PNG"), ("http://127.0.0.1:9/a", "loopback")],
+)
+def test_an_input_image_refused_names_its_part(
+    url: str, engine: FakeEngine, image_url: str, words: str
+) -> None:
+    engine.takes_images = True
+    with TestClient(fake_app(engine)) as client:
+        response = client.post(
+            "/v1/responses", json={"model": FAKE_MODEL, "input": pictured(image_url)}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[0].content[1]" and words in error["message"]
+    assert engine.prompts == []
+
+
+def test_a_text_only_model_refuses_an_input_image(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model=FAKE_MODEL, input=pictured(PIXEL))  # type: ignore[arg-type]
+    assert "text only" in str(refused.value) and "input[0].content[1]" in str(refused.value)

@@ -76,7 +76,23 @@ async def test_detokenize_gives_the_text(http: httpx.AsyncClient) -> None:
             "/tokenize",
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             400,
-            "messages.0.content.0",
+            "messages.0.content.0.image_url",
+        ),
+        (
+            "/tokenize",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "a"},
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}},
+                        ],
+                    }
+                ]
+            },
+            400,
+            "messages.0.content.1",
         ),
     ],
 )

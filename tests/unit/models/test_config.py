@@ -100,13 +100,17 @@ def test_the_issues_example_is_read_as_written() -> None:
         ),
         (
             "models:\n  - {name: a, engine: local, tokenizer: /t}\n",
-            "model 'a': tokenizer, upstream_model, api_key_env and reasoning_parser are for "
-            "upstreams",
+            "model 'a': tokenizer, upstream_model, api_key_env, reasoning_parser and images "
+            "are for upstreams",
         ),
         (
             "models:\n  - {name: a, engine: local, reasoning_parser: qwen3}\n",
-            "reasoning_parser are for upstreams; the local engine is configured by the "
-            "SLUICEGATE_* engine settings",
+            "reasoning_parser and images are for upstreams; the local engine is configured by "
+            "the SLUICEGATE_* engine settings",
+        ),
+        (
+            "models:\n  - {name: a, engine: local, images: false}\n",
+            "images are for upstreams",
         ),
         (
             "models:\n  - {name: a, upstreams: [{url: 'http://h/v1'}], reasoning_parser: qwen3}\n",

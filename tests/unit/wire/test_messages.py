@@ -124,15 +124,68 @@ def test_sampling_stop_and_metadata_map_to_their_chat_names() -> None:
     assert body["stream_options"] == {"include_usage": True}
 
 
-def test_a_block_the_model_cannot_read_is_refused_where_it_is() -> None:
-    image = {
+def test_image_blocks_are_chat_image_parts_in_user_turns() -> None:
+    base64_image = {
         "type": "image",
         "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
     }
-    turns = [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]
+    by_url = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:9/a.png"}}
+    turns = [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, base64_image, by_url]},
+    ]
+    converted = request(messages=turns)
+    body = converted.convert()
+    assert body["messages"][-1]["content"] == [
+        {"type": "text", "text": "hi"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}},
+    ]
+    assert converted.image_params() == ("messages.1.content.1", "messages.1.content.2")
+    # Kept by the compact form a worker process sends back.
+    assert converted.converted().image_params() == converted.image_params()
+
+
+@pytest.mark.parametrize(
+    ("turn", "param", "words"),
+    [
+        (
+            {"role": "user", "content": [{"type": "document", "source": {}}]},
+            "messages.0.content.0",
+            "text only",
+        ),
+        (
+            {"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]},
+            "messages.0.content.0.source",
+            "base64",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "image", "source": {}}]},
+            "messages.0.content.0",
+            "user turns only",
+        ),
+        (
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [{"type": "image", "source": {}}],
+                    }
+                ],
+            },
+            "messages.0.content.0.content.0",
+            "tool results",
+        ),
+    ],
+)
+def test_a_block_the_model_cannot_read_is_refused_where_it_is(
+    turn: dict[str, Any], param: str, words: str
+) -> None:
     with pytest.raises(UnsupportedBlockError) as caught:
-        chat_body(request(messages=turns))
-    assert caught.value.param == "messages.0.content.1" and "text only" in str(caught.value)
+        chat_body(request(messages=[turn]))
+    assert caught.value.param == param and words in str(caught.value)
 
 
 def thinking_turns(*blocks: dict[str, Any]) -> list[dict[str, Any]]:

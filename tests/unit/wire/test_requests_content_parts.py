@@ -35,7 +35,7 @@ def chat(parts: list[dict[str, Any]], filler: int = 0) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "part",
     [
-        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}},
         {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
         {"type": "file", "file": {"file_id": "file-1"}},
         {"type": "video_url", "video_url": {"url": "x"}},
@@ -82,3 +82,26 @@ async def test_a_text_part_without_text_is_missing_it(http: httpx.AsyncClient) -
     response = await http.post("/v1/chat/completions", json=chat([{"type": "text"}]))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages.1.content.0.text"
+
+
+@pytest.mark.parametrize("filler", [0, LARGE_BODY_BYTES + 1], ids=["small", "large"])
+async def test_a_model_that_reads_images_gets_them_from_small_and_large_bodies(
+    filler: int,
+) -> None:
+    """A large body is parsed in a worker process and handed on in a compact form, which joins
+    text parts: a message with images keeps its parts."""
+    engine = FakeEngine(max_model_len=200_000, takes_images=True)
+    pixel = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLv"
+        "AAAAAElFTkSuQmCC"
+    )
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}}
+    with serve_in_thread(fake_app(engine)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            body = chat([{"type": "text", "text": "a"}, image], filler)
+            response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    (prompt,) = engine.prompts
+    assert [i.media_type for i in prompt.images] == ["image/png"]
+    # The fake engine's 16 tokens an image, beside the text's ids.
+    assert response.json()["usage"]["prompt_tokens"] == len(prompt.ids) + 16

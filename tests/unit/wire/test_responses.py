@@ -332,3 +332,22 @@ def test_the_echo_repeats_the_request_parameters() -> None:
     assert echo["metadata"] == {"a": "b"} and echo["store"] is False
     assert echo["tool_choice"] == "auto" and echo["tools"] == []
     assert echo["text"]["format"] == {"type": "text"}
+
+
+def test_input_images_are_chat_image_parts_of_user_messages_only() -> None:
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AA==", "detail": "high"}
+    text = {"type": "input_text", "text": "look"}
+    body = chat_body(request(input=[{"role": "user", "content": [text, image]}]), [])
+    assert body["messages"][-1]["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detail": "high"}},
+    ]
+    assert "images are read in user messages only" in refusal(
+        {"role": "system", "content": [image]}
+    )
+    assert "input[0].content[0].file_id" in refusal(
+        {"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}
+    )
+    assert "input[0].content[0].detail" in refusal(
+        {"role": "user", "content": [{**image, "detail": "huge"}]}
+    )

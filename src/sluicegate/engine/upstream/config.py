@@ -88,3 +88,9 @@ class UpstreamConfig:
     """The context length when the upstream does not say (vLLM's `/v1/models` does)."""
     pass_through: bool = True
     """Plain streams hand on the upstream's chunks as they came (`wire.passthrough`)."""
+    images: bool = True
+    """The model reads images (a models-file entry's `images: false` says it does not)."""
+    image_tokens: int = 1024
+    """The tokens the budget counts for an image (an estimate: the upstream's usage says)."""
+    forward_urls: bool = False
+    """Images the gateway fetched go to the upstreams by the client's URL, not inline."""

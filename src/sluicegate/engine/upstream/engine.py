@@ -23,6 +23,7 @@ from sluicegate.engine.protocol import (
     EngineLoad,
     EngineStep,
     Prompt,
+    PromptImage,
     PromptTokenizer,
     ReasoningParser,
     SamplingOptions,
@@ -122,6 +123,19 @@ class UpstreamEngine:
         return True
 
     @property
+    def takes_images(self) -> bool:
+        return self._config.images
+
+    async def image_tokens(self, images: Sequence[PromptImage]) -> tuple[list[int], bool]:
+        """The configured estimate for each: the upstream's usage counts them."""
+        return [self._config.image_tokens] * len(images), False
+
+    def _request(self, model: str, prompt: Prompt, options: SamplingOptions) -> tuple[str, bytes]:
+        forward = self._config.forward_urls
+        path, body = request_body(model, prompt, options, options.max_tokens_given, forward)
+        return path, fast_json.dumps(body)
+
+    @property
     def max_model_len(self) -> int:
         return self._max_model_len
 
@@ -148,8 +162,11 @@ class UpstreamEngine:
         # an upstream orders its own queue, and vLLM's server refuses any priority but 0
         # unless it schedules by priority (docs/upstream.md).
         model = adapter or self.model
-        path, body = request_body(model, prompt, options, options.max_tokens_given)
-        content = fast_json.dumps(body)
+        if prompt.images:
+            # Megabytes of images to encode: off the event loop.
+            path, content = await asyncio.to_thread(self._request, model, prompt, options)
+        else:
+            path, content = self._request(model, prompt, options)
         records = reads_records(prompt.chat)
         # Passed through: one choice (`StreamReader._feed_raw` reads choice 0) without tools.
         raw = self._config.pass_through and options.pass_through and options.n == 1 and not records

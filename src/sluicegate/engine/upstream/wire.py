@@ -29,6 +29,7 @@ from sluicegate.engine.protocol import (
     EngineStep,
     FinishReason,
     Prompt,
+    PromptImage,
     ReasoningOptions,
     SamplingOptions,
     StructuredOutput,
@@ -49,14 +50,20 @@ _FINISH: dict[str, FinishReason] = {
 
 
 def request_body(
-    model: str, prompt: Prompt, options: SamplingOptions, explicit_max_tokens: bool = True
+    model: str,
+    prompt: Prompt,
+    options: SamplingOptions,
+    explicit_max_tokens: bool = True,
+    forward_urls: bool = False,
 ) -> tuple[str, dict[str, Any]]:
-    """The path (under /v1) and the JSON body for the upstream."""
+    """The path (under /v1) and the JSON body for the upstream. Images go inline (`data:`
+    URIs), or with `forward_urls` those the gateway fetched by the client's URL."""
     body: dict[str, Any] = {"model": model}
     chat = prompt.chat
     if chat is not None:
         path = "/chat/completions"
-        body["messages"] = [wire_message(m) for m in chat.messages]
+        images = iter(prompt.images)
+        body["messages"] = [wire_message(m, images, forward_urls) for m in chat.messages]
         _chat_tools(body, chat)
     else:
         path = "/completions"
@@ -151,12 +158,21 @@ def _structured(structured: StructuredOutput) -> dict[str, Any]:
     return {"structured_outputs": {"grammar": structured.grammar}}
 
 
-def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+def wire_message(
+    message: Mapping[str, Any],
+    images: Iterator[PromptImage] | None = None,
+    forward_urls: bool = False,
+) -> dict[str, Any]:
     """A message as OpenAI's wire has it: tool-call arguments as JSON text (templates take
     them parsed). An assistant's thoughts go under the name the client sent them with
     (`reasoning`, vLLM's; `reasoning_content`, llama.cpp's): DeepSeek's API refuses
-    `reasoning_content` in input and OpenAI's fields it does not know, so none is added."""
+    `reasoning_content` in input and OpenAI's fields it does not know, so none is added.
+    A message with images (`parts`) takes the next of `images` for each; without `images`
+    (a count of its text) it goes as its text alone."""
     wired = dict(message)
+    parts = wired.pop("parts", None)
+    if parts is not None and images is not None:
+        wired["content"] = [_wire_part(part, images, forward_urls) for part in parts]
     calls = message.get("tool_calls")
     if not calls:
         return wired
@@ -171,6 +187,19 @@ def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
         for call in calls
     ]
     return wired
+
+
+def _wire_part(
+    part: Mapping[str, Any], images: Iterator[PromptImage], forward_urls: bool
+) -> dict[str, Any]:
+    if part["type"] != "image":
+        return {"type": "text", "text": part["text"]}
+    image = next(images)
+    url = image.url if forward_urls and image.url is not None else image.data_uri()
+    wired: dict[str, Any] = {"url": url}
+    if image.detail is not None:
+        wired["detail"] = image.detail
+    return {"type": "image_url", "image_url": wired}
 
 
 def _arguments_text(arguments: object) -> str:
