@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
+import json
+import random
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -68,6 +74,19 @@ models:
         "SLUICEGATE_MEDIA_MAX_IMAGES": "2",
         "SLUICEGATE_MEDIA_FETCH_TIMEOUT": str(FETCH_TIMEOUT),
     }
+    with running_gateway(folder, env=env) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def roomy(
+    tmp_path_factory: pytest.TempPathFactory, upstream: FaultUpstreamProcess
+) -> Iterator[GatewayProcess]:
+    """The same upstream behind a gateway with the media settings' defaults."""
+    folder = tmp_path_factory.mktemp("roomy")
+    models = folder / "models.yaml"
+    models.write_text(f'models:\n  - name: seer\n    upstreams: [{{url: "{upstream.url}"}}]\n')
+    env = {"SLUICEGATE_MODELS_FILE": str(models), "SLUICEGATE_UPSTREAM_MAX_RETRIES": "0"}
     with running_gateway(folder, env=env) as process:
         yield process
 
@@ -194,3 +213,68 @@ async def test_a_text_only_model_refuses_images_without_fetching(
     refused(response)
     assert "takes text only" in response.json()["error"]["message"]
     assert allowed.connections == 0
+
+
+def test_health_keeps_answering_while_a_bodys_images_are_read(
+    roomy: GatewayProcess, upstream: FaultUpstreamProcess, tmp_path: Path
+) -> None:
+    """The most a body may hold of images (8 of a million noisy pixels each, inline, just
+    under the 8 MiB body limit): base64 decoded, hashed, decoded and sent on inline, all off
+    the event loop. Probed as `test_loop_lag` probes its hostile bodies: `/health` from a
+    process of its own, never two seconds without an answer; no loop-lag sample past 2.5 s."""
+    from tests.integration.test_loop_lag import (
+        BODY_LIMIT,
+        PROBE,
+        PROBE_EVERY_S,
+        STALL_BOUND_S,
+        STALL_BUCKET,
+        lag_buckets,
+        longest_silence,
+        samples_over,
+    )
+
+    urls = [
+        "data:image/jpeg;base64," + base64.b64encode(noise(1000, seed)).decode()
+        for seed in range(8)
+    ]
+    payload = json.dumps(chat(*urls)).encode()
+    assert BODY_LIMIT * 3 / 4 < len(payload) <= BODY_LIMIT
+    body = tmp_path / "body.json"
+    body.write_bytes(payload)
+    send = (
+        "import httpx; "
+        f"r = httpx.post({roomy.url + '/v1/chat/completions'!r}, "
+        f"content=open({str(body)!r}, 'rb').read(), "
+        "headers={'content-type': 'application/json'}, timeout=300); "
+        "print(r.status_code); print(r.text[:300])"
+    )
+    lag_before = lag_buckets(roomy.url)
+    stop = tmp_path / "stop"
+    with subprocess.Popen(
+        [sys.executable, "-c", PROBE, roomy.url, str(stop), str(PROBE_EVERY_S)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as prober:
+        assert prober.stdout is not None
+        assert prober.stdout.readline().strip() == "probing"
+        began = time.monotonic()
+        sender = subprocess.run([sys.executable, "-c", send], capture_output=True, text=True)
+        ended = time.monotonic()
+        stop.touch()
+        probes = json.loads(prober.stdout.read())
+    status, _, answer = sender.stdout.partition("\n")
+    assert status == "200", answer
+    assert len(last_images(upstream)) == 8
+    silence = longest_silence(probes, began, ended)
+    assert silence <= STALL_BOUND_S, f"/health went {silence * 1000:.0f} ms without an answer"
+    assert samples_over(lag_before, lag_buckets(roomy.url), STALL_BUCKET) == 0
+
+
+def noise(side: int, seed: int) -> bytes:
+    """A JPEG of random pixels (it compresses little: about 0.7 MB at 1000 x 1000)."""
+    from PIL import Image
+
+    pixels = random.Random(seed).randbytes(side * side * 3)
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (side, side), pixels).save(buffer, "JPEG", quality=80)
+    return buffer.getvalue()

@@ -114,12 +114,13 @@ class MediaLoader:
     async def load(self, source: ImageSource) -> LoadedImage:
         try:
             data, kind = await self._bytes(source)
-            # Always off the loop: a few KiB of image may hold millions of pixels.
-            image = await self.offload.call(decode, data, kind, self.max_pixels)
+            # Always off the loop: a few KiB of image may hold millions of pixels, and the
+            # digest of megabytes takes milliseconds.
+            image, digest = await self.offload.call(_read, data, kind, self.max_pixels)
         except MediaError as exc:
             MEDIA_REFUSALS.labels(exc.reason).inc()
             raise exc.for_part(source.param) from None
-        return LoadedImage(data, kind, hashlib.sha256(data).hexdigest(), image)
+        return LoadedImage(data, kind, digest, image)
 
     async def _bytes(self, source: ImageSource) -> tuple[bytes, ImageFormat]:
         if source.base64 is not None:
@@ -153,3 +154,8 @@ class MediaLoader:
         MEDIA_FETCHES.labels("ok").inc()
         MEDIA_FETCH_BYTES.inc(len(fetched.data))
         return fetched.data, fetched.format
+
+
+def _read(data: bytes, kind: ImageFormat, max_pixels: int) -> tuple[Image.Image, str]:
+    """The image's pixels and its bytes' digest (in the offload pool)."""
+    return decode(data, kind, max_pixels), hashlib.sha256(data).hexdigest()
