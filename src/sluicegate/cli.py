@@ -1,4 +1,4 @@
-"""The `sluicegate` command: `serve` and `model prepare`.
+"""The `sluicegate` command: `serve`, `model prepare` and `profile` (traffic profiles).
 
 `serve` takes a flag for every setting (`--max-model-len 2048`); a flag beats the
 environment, which beats `.env`.
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--model-cache-dir", default=argparse.SUPPRESS)
     prepare.add_argument("--force", action="store_true", help="convert again")
+    from sluicegate.tuning.command import add_profile_commands
+
+    add_profile_commands(commands)
     return parser
 
 
@@ -87,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.pop("command")
     if command == "serve":
         return _serve(args)
+    if command == "profile":
+        from sluicegate.tuning.command import run_profile
+
+        return run_profile(args)
     args.pop("model_command")
     return _prepare(args)
 
