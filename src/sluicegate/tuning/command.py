@@ -7,11 +7,12 @@ named) or a bad argument.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from sluicegate.tuning.presets import PRESETS, make_preset
-from sluicegate.tuning.profile import ProfileError, read_profile
+from sluicegate.tuning.profile import MIN_REQUESTS, ProfileError, read_profile
 from sluicegate.tuning.trace_export import replay_command, write_timed_trace
 
 
@@ -59,7 +60,11 @@ def run_profile(args: dict[str, object]) -> int:
         return 0
     out = args["timed_trace"]
     assert isinstance(out, Path)
-    write_timed_trace(profile, out)
+    try:
+        write_timed_trace(profile, out)
+    except OSError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 2
     print(replay_command(out, profile, "http://127.0.0.1:8000", "MODEL"))
     return 0
 
@@ -70,14 +75,21 @@ def _make(args: dict[str, object]) -> int:
     )  # fmt: skip
     assert isinstance(requests, int) and isinstance(rate, float)
     assert isinstance(window, int) and isinstance(seed, int)
-    if requests < 1 or rate <= 0 or window < 64:
-        print("sluicegate: --requests >= 1, --rate > 0, --max-model-len >= 64", file=sys.stderr)
+    if requests < MIN_REQUESTS or not 0 < rate < math.inf or window < 64:
+        print(
+            f"sluicegate: --requests >= {MIN_REQUESTS}, a finite --rate > 0, --max-model-len >= 64",
+            file=sys.stderr,
+        )
         return 2
     preset = args["preset"]
     assert isinstance(preset, str)
     profile = make_preset(preset, requests=requests, rate=rate, max_model_len=window, seed=seed)
     output = args["output"]
     assert isinstance(output, Path)
-    profile.write(output)
+    try:
+        profile.write(output)
+    except OSError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 2
     print(f"{output}: {len(profile.requests)} requests over {profile.span:.0f} s")
     return 0

@@ -92,7 +92,7 @@ def score(outcomes: Sequence[Outcome], objective: Objective, offered_seconds: fl
     over the requests that answered; a request that did not counts as a miss."""
     if not outcomes or offered_seconds <= 0:
         raise ValueError("a score needs outcomes over some time")
-    met = sum(objective.met_by(o.ttft, o.gaps) for o in outcomes)
+    met = sum(not (o.failed or o.refused) and objective.met_by(o.ttft, o.gaps) for o in outcomes)
     ttfts = [o.ttft for o in outcomes if o.ttft is not None]
     itls = [percentile(o.gaps, 90) for o in outcomes if o.gaps]
     return Score(

@@ -1,7 +1,7 @@
 """Synthetic traffic profiles for a gateway with no capture yet: `chat` (conversations that
 grow turn by turn over a few shared system prompts, streamed), `rag` (long prompts built on a
 few shared documents) and `batch` (unstreamed, long answers, two priorities). Arrivals come in
-bursts (15 s at twice the mean rate, 15 s at a quarter of it), as traffic does, so that the
+bursts (15 s at 1.75 times the mean rate, 15 s at a quarter of it), as traffic does, so that the
 engine's knobs meet both a queue and a lull."""
 
 from __future__ import annotations
@@ -74,11 +74,12 @@ Shape = Iterator[tuple[list[int], int, bool, int]]
 
 
 def _arrivals(rng: random.Random, rate: float) -> Iterator[float]:
-    """Poisson arrivals whose rate alternates between 2x and 0.25x `rate` every 15 s."""
+    """Poisson arrivals whose rate alternates between 1.75x and 0.25x `rate` every 15 s (a
+    mean of `rate`)."""
     t = 0.0
     while True:
         busy = int(t // BURST_SECONDS) % 2 == 0
-        t += rng.expovariate(rate * (2.0 if busy else 0.25))
+        t += rng.expovariate(rate * (1.75 if busy else 0.25))
         yield t
 
 

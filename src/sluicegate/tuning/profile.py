@@ -9,6 +9,7 @@ than `MIN_REQUESTS` requests.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -115,6 +116,11 @@ def parse_profile(lines: Iterable[str], max_model_len: int | None = None) -> Pro
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ProfileError(1, "block_size", "a positive whole number of tokens")
     window = max_model_len or header.get("max_model_len")
+    if window is not None and (
+        not isinstance(window, int | float) or window != int(window) or window < 1
+    ):
+        raise ProfileError(1, "max_model_len", "a positive whole number of tokens")
+    window = None if window is None else int(window)
     requests: list[Request] = []
     last = 0
     for number, text in numbered:
@@ -148,6 +154,8 @@ def split_in_time(profile: Profile, held_out: float = 0.25) -> tuple[Profile, Pr
     cut = profile.requests[0].t + (1 - held_out) * profile.span
     search = [r for r in profile.requests if r.t < cut]
     confirm = [r for r in profile.requests if r.t >= cut]
+    if not search or not confirm:
+        raise ValueError("the profile's requests all arrive at once: it cannot be split in time")
     return _rebased(profile, search), _rebased(profile, confirm)
 
 
@@ -174,9 +182,13 @@ def _request(number: int, value: dict[str, Any], block_size: int) -> Request:
         got = value[name]
         if not isinstance(got, types) or (isinstance(got, bool) and bool not in types):
             raise ProfileError(number, name, f"{type(got).__name__} where {_names(types)}")
+    if not math.isfinite(value["t"]):
+        raise ProfileError(number, "t", "not a finite number")
     for name in ("input_tokens", "output_tokens", "max_tokens", "t"):
         if value[name] < (1 if name in ("input_tokens", "max_tokens") else 0):
             raise ProfileError(number, name, "out of range")
+    if value["output_tokens"] > value["max_tokens"]:
+        raise ProfileError(number, "output_tokens", "more than the request's max_tokens")
     if value["api"] not in APIS:
         raise ProfileError(number, "api", f"one of {', '.join(APIS)}")
     if value["cache"] not in CACHE_RESULTS:

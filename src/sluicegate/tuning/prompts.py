@@ -1,7 +1,8 @@
 """Token ids for a profile's requests: each numbered block becomes the same ids wherever it
 appears (so requests share prefixes where the traffic did), drawn from the model's vocabulary
-without its special ids, from a salt that a new round changes (so no round starts with the
-last one's prefixes in the cache). The traffic's own tokens were never captured."""
+without its special ids, from a salt (a new one for every trial, so that no trial starts with
+the last one's prompts in the prefix cache: requests' own tokens are seeded by their place in
+the window, which repeats). The traffic's own tokens were never captured."""
 
 from __future__ import annotations
 

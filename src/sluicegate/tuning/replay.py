@@ -1,8 +1,12 @@
 """A window of a profile replayed against a gateway, open loop: each request is sent at its
 own time whatever the ones before are doing (traffic does not wait for the server), as a text
 completion of the profile's token ids, streamed, its output held to the profile's length
-(`ignore_eos`). Each comes back as an `Outcome`: when it began answering and the gaps between
-its chunks (vLLM's benchmark measures them so), or that it was refused (429, 503) or failed.
+(`ignore_eos`). Each comes back as an `Outcome`: when its first text came and the gaps between
+the chunks that carry text (vLLM's benchmark times every chunk with choices; a chunk with none
+says nothing of the engine's pace), or that it was refused (429, 503) or failed. Every request
+is replayed streamed, an unstreamed one too: it is judged as its answer's first token and
+pace would be. The caller gives each trial a prompt maker of its own salt, so that no trial
+finds the one before's prompts in the prefix cache.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ async def replay(
     async with aiohttp.ClientSession(connector=connector) as session:
         began = time.perf_counter()
         tasks = []
-        for index, request in enumerate(requests):
-            await asyncio.sleep(max(0.0, began + request.t - time.perf_counter()))
-            body = _body(target, request, prompts.ids(request, index))
-            tasks.append(asyncio.create_task(_one(session, target, body)))
-        return list(await asyncio.gather(*tasks))
+        # A task group: a replay cancelled (a trial stopped early) cancels what it sent.
+        async with asyncio.TaskGroup() as group:
+            for index, request in enumerate(requests):
+                await asyncio.sleep(max(0.0, began + request.t - time.perf_counter()))
+                body = _body(target, request, prompts.ids(request, index))
+                tasks.append(group.create_task(_one(session, target, body)))
+        return [task.result() for task in tasks]
 
 
 def _body(target: Target, request: Request, ids: list[int]) -> dict[str, object]:
@@ -91,6 +97,8 @@ async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, o
                     else:
                         gaps.append(now - last)
                     last = now
-    except (TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        # Too slow, cut, or not the stream it should be (a line past aiohttp's bound, a chunk
+        # that is no JSON): the request failed, the trial goes on.
         return Outcome(first, tuple(gaps), tokens, failed=True)
     return Outcome(first, tuple(gaps), tokens)

@@ -95,28 +95,33 @@ async def search(
     on_trial: Callable[[Trial], None] | None = None,
 ) -> Outcome:
     """Successive halving over `windows` rungs, keeping `reserve` seconds of the budget for
-    what follows (the confirmation). Within a rung, configurations that need no restart are
-    tried first (the runner's cost says)."""
+    what follows (the confirmation). Within a rung, what needs no restart runs first (the
+    runner's cost says), and a trial that no longer fits what is left is not begun: out of
+    time in a rung, the best is the last whole rung's (or, in the first, of those that ran)."""
     alive = list(dict.fromkeys(configs))
     trials: list[Trial] = []
     ranked: list[Trial] = []
     for window in range(windows):
-        order = sorted(alive, key=lambda c: runner.cost(c, window))
-        if sum(runner.cost(c, window) for c in order) > budget.left() - reserve:
-            return Outcome(tuple(trials), _best(ranked), out_of_time=True)
-        rung = []
-        for config in order:
+        rung: list[Trial] = []
+        out_of_time = False
+        for config in sorted(alive, key=lambda c: runner.cost(c, window)):
+            if runner.cost(config, window) > budget.left() - reserve:
+                out_of_time = True
+                break
             trial = await runner.run(config, window)
             trials.append(trial)
             rung.append(trial)
             if on_trial is not None:
                 on_trial(trial)
+        if out_of_time:
+            best = _best(ranked) if ranked else _best(sorted(rung, key=_rank))
+            return Outcome(tuple(trials), best, out_of_time=True)
         ranked = sorted(rung, key=_rank)
         feasible = [t for t in ranked if t.feasible]
         if not feasible:
             return Outcome(tuple(trials), None)
         alive = [t.config for t in feasible[: max(1, math.ceil(len(feasible) / 2))]]
-        if len(alive) == 1 and window + 1 < windows:
+        if len(alive) == 1:
             # One left: its longer windows would tell nothing more than the confirmation.
             break
     return Outcome(tuple(trials), _best(ranked))

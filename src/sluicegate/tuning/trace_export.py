@@ -12,18 +12,25 @@ from sluicegate.tuning.profile import Profile
 
 
 def write_timed_trace(profile: Profile, path: Path) -> None:
+    """vLLM builds a prompt from its `hash_ids` alone: a request whose blocks do not cover
+    its input gets blocks of its own (numbers no other request has) for the rest; an answer
+    of no tokens asks for one (vLLM refuses `max_tokens` 0)."""
     start = profile.requests[0].t if profile.requests else 0.0
-    lines = [
-        json.dumps(
-            {
-                "timestamp": round(request.t - start, 6),
-                "input_length": request.input_tokens,
-                "output_length": request.output_tokens,
-                "hash_ids": list(request.blocks),
-            }
-        )
-        for request in profile.requests
-    ]
+    fresh = max((b for r in profile.requests for b in r.blocks), default=0)
+    lines = []
+    for request in profile.requests:
+        blocks = list(request.blocks)
+        missing = -(-request.input_tokens // profile.block_size) - len(blocks)
+        if missing > 0:
+            blocks += range(fresh + 1, fresh + 1 + missing)
+            fresh += missing
+        line = {
+            "timestamp": round(request.t - start, 6),
+            "input_length": request.input_tokens,
+            "output_length": max(1, request.output_tokens),
+            "hash_ids": blocks,
+        }
+        lines.append(json.dumps(line))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -36,3 +36,9 @@ def test_a_bad_profile_exits_2_naming_line_and_field(
     assert main(["profile", "check", str(profile)]) == 2
     assert "line 6: output_tokens: " in capsys.readouterr().err
     assert main(["profile", "check", str(tmp_path / "none.jsonl")]) == 2
+
+
+@pytest.mark.parametrize("flags", [["--requests", "10"], ["--rate", "nan"], ["--rate", "0"]])
+def test_make_refuses_what_cannot_be_tuned_on(tmp_path: Path, flags: list[str]) -> None:
+    assert main(["profile", "make", "chat", "-o", str(tmp_path / "p.jsonl"), *flags]) == 2
+    assert not (tmp_path / "p.jsonl").exists()

@@ -52,12 +52,13 @@ def test_goodput_counts_misses_of_every_kind() -> None:
         Outcome(1.5, (0.1,), tokens=2),  # too slow to start
         Outcome(None, refused=True),
         Outcome(None, failed=True),
+        Outcome(0.5, (0.1,), tokens=1, failed=True),  # cut after a good start: a miss
     ]
     result = score(outcomes, objective, offered_seconds=10.0)
-    assert result.goodput == pytest.approx(0.2) and result.attainment == pytest.approx(0.4)
-    assert (result.refused, result.failed) == (1, 1)
-    assert result.throughput == pytest.approx(0.7)
-    assert (result.ttft_p50, result.ttft_p90) == (0.9, 1.5)
+    assert result.goodput == pytest.approx(0.2) and result.attainment == pytest.approx(2 / 6)
+    assert (result.refused, result.failed) == (1, 2)
+    assert result.throughput == pytest.approx(0.8)
+    assert (result.ttft_p50, result.ttft_p90) == (0.5, 1.5)
     nothing = score([Outcome(None, refused=True)], objective, 1.0)
     assert nothing.goodput == 0 and nothing.ttft_p90 == math.inf
 

@@ -112,3 +112,22 @@ def test_the_split_holds_out_the_last_quarter_of_the_time(tmp_path: Path) -> Non
     path = tmp_path / "profile.jsonl"
     profile.write(path)
     assert parse_profile(path.read_text().splitlines()).requests == profile.requests
+
+
+def test_numbers_that_say_nothing_are_refused() -> None:
+    """NaN and infinite times (JSON as Python reads it allows them), an answer longer than
+    it was allowed, a window that is no whole number."""
+    made = many()
+    made[10] = made[10].replace('"t": 4.5', '"t": NaN')
+    assert (refusal(made).line, refusal(made).field) == (11, "t")
+    refused = refusal(many(output_tokens=50))
+    assert (refused.line, refused.field) == (11, "output_tokens")
+    header = {**HEADER, "max_model_len": "big"}
+    assert refusal(lines(header=header)).field == "max_model_len"
+    assert parse_profile(lines(header={**HEADER, "max_model_len": 2048.0})).requests
+
+
+def test_a_profile_that_arrives_all_at_once_cannot_be_split() -> None:
+    profile = parse_profile(lines(*[request(1.0) for _ in range(MIN_REQUESTS)]))
+    with pytest.raises(ValueError, match="at once"):
+        split_in_time(profile)

@@ -66,11 +66,33 @@ async def test_what_needs_no_restart_runs_first() -> None:
 
 async def test_the_budget_and_its_reserve_are_kept() -> None:
     runner = FakeRunner()
-    # The first rung costs 12 x 50 = 600 s, the second 6 x (40 + 30) = 420 s.
+    # The first rung costs 12 x 50 = 600 s; of the second (6 x 70 s) only 4 fit in 900 s.
     outcome = await search(runner, GRID, 3, Budget(1200, runner.clock), reserve=300)
     assert outcome.out_of_time and runner.now <= 1200 - 300
-    assert {w for _, w in runner.ran} == {0}
-    assert outcome.best == BEST  # the best of the rung it finished
+    assert [w for _, w in runner.ran].count(1) == 4
+    assert outcome.best == BEST  # the best of the last whole rung
+
+
+async def test_a_budget_short_of_a_whole_rung_still_tries_the_cheapest_first() -> None:
+    """Settings that need no restart (the running configuration) before the others, and as
+    many as fit."""
+    runner = FakeRunner(running=GRID[0])
+    outcome = await search(runner, GRID, 3, Budget(130, runner.clock))
+    assert runner.ran == [(GRID[0], 0), (GRID[1], 0), (GRID[2], 0)]
+    assert outcome.out_of_time and outcome.best == GRID[1]  # the nearest the optimum
+
+
+async def test_a_trial_that_costs_more_than_its_estimate_cannot_overrun_the_next() -> None:
+    runner = FakeRunner()
+    real = runner.run
+
+    async def slow(config: Config, window: int) -> Trial:
+        runner.now += 100.0  # each trial takes 100 s more than its estimate
+        return await real(config, window)
+
+    runner.run = slow  # type: ignore[method-assign]
+    await search(runner, GRID, 3, Budget(600, runner.clock))
+    assert len(runner.ran) == 4 and runner.now <= 600
 
 
 async def test_nothing_feasible_ends_the_search_with_no_best() -> None:

@@ -49,3 +49,19 @@ def test_vllms_timed_trace_replays_the_export(tmp_path: Path) -> None:
     assert samples[0].prompt[:shared] == samples[index].prompt[:shared]
     assert "--dataset-name timed_trace" in replay_command(path, profile, "http://h", "m")
     assert first.blocks
+
+
+def test_requests_whose_blocks_do_not_cover_them_get_blocks_of_their_own(tmp_path: Path) -> None:
+    """vLLM builds a prompt from its blocks alone: a request with too few (a profile from the
+    access log has none) gets fresh ones, shared with no other; no answer asks for none."""
+    import json
+
+    from sluicegate.tuning.profile import Profile, Request
+
+    bare = Request(0.0, 40, 0, 8, True, "chat", 0, "MISS", None, ())
+    covered = Request(1.0, 20, 4, 8, True, "chat", 0, "MISS", "stop", (1, 2))
+    path = tmp_path / "trace.jsonl"
+    write_timed_trace(Profile((bare, covered)), path)
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    assert first["hash_ids"] == [3, 4, 5] and second["hash_ids"] == [1, 2]
+    assert first["output_length"] == 1
