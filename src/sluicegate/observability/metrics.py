@@ -319,8 +319,8 @@ MEDIA_REFUSALS = Counter(
     "link_local, private, unspecified, reserved), too_large, too_many_pixels, "
     "too_many_images, timeout, redirects, status, unreachable, unresolved, bad_response, "
     "not_an_image, "
-    "undecodable, bad_url, bad_data_uri; text_only (a model that reads none) and urls_off "
-    "(MEDIA_FETCH_URLS false).",
+    "undecodable, bad_url, bad_data_uri; text_only (a model that reads none), model_refused "
+    "(the model's processor cannot read it) and urls_off (MEDIA_FETCH_URLS false).",
     ["reason"],
 )
 
@@ -473,6 +473,7 @@ for _reason in (
     "bad_url",
     "bad_data_uri",
     "text_only",
+    "model_refused",
     "urls_off",
 ):
     MEDIA_REFUSALS.labels(_reason)
