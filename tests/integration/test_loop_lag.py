@@ -15,21 +15,21 @@ process's own pauses are counted as the gateway's.
 
 from __future__ import annotations
 
-import itertools
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.gateway import MODEL_NAME, GatewayProcess
+from tests.support.loop_probe import (
+    lag_buckets,
+    longest_silence,
+    probe_while_sending,
+    samples_over,
+)
 
 BODY_LIMIT = 8 * 1024 * 1024  # the default SLUICEGATE_MAX_REQUEST_BYTES
-PROBE_EVERY_S = 0.05
 # The longest `/health` may go without an answer while the body is worked on (the probe
 # interval included), and the gateway's loop lag bucket that no sample may pass: a stall a
 # user would see. Typical: 50 ms plus a few alone; probes of 119 to 248 ms late in full
@@ -83,54 +83,6 @@ REFUSED_PARAM = {
 }
 
 
-# `/health` every `interval` seconds from a process of its own, until the file `stop` exists:
-# what is timed is the gateway, not the test's process (late in a full run pytest's process
-# is large and busy, and its pauses were once counted as the gateway's). Prints "probing"
-# when it starts, then at the end each probe's start (monotonic clock, shared by processes
-# on Linux), time taken and status, as JSON.
-PROBE = """
-import json, os, sys, time
-import httpx
-url, stop, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
-probes = []
-with httpx.Client(base_url=url, timeout=60) as client:
-    print("probing", flush=True)
-    while not os.path.exists(stop):
-        at = time.monotonic()
-        started = time.perf_counter()
-        status = client.get("/health").status_code
-        probes.append((at, time.perf_counter() - started, status))
-        time.sleep(interval)
-print(json.dumps(probes))
-"""
-
-
-def lag_buckets(url: str) -> dict[str, float]:
-    """The gateway's own loop-lag histogram: cumulative count per bucket bound."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    buckets = {}
-    for line in text.splitlines():
-        if line.startswith("sluicegate_event_loop_lag_seconds_bucket"):
-            bound = line.split('le="')[1].split('"')[0]
-            buckets[bound] = float(line.rsplit(" ", 1)[1])
-    return buckets
-
-
-def samples_over(before: dict[str, float], after: dict[str, float], bound: str) -> float:
-    """How many loop-lag samples between the two readings were above `bound` seconds."""
-    return (after["+Inf"] - after[bound]) - (before["+Inf"] - before[bound])
-
-
-def longest_silence(probes: list[list[float]], began: float, ended: float) -> float:
-    """The longest time between `began` and `ended` that `/health` went without answering a
-    probe (the probe interval included): a stall of the gateway shows as one this long, and
-    so would a probe that was never made. Needs no minimum number of probes: a request
-    quicker than the bound cannot have stalled the gateway for longer."""
-    answers = sorted(at + wait for at, wait, _ in probes if began < at + wait < ended)
-    points = [began, *answers, ended]
-    return max(b - a for a, b in itertools.pairwise(points))
-
-
 @pytest.mark.parametrize("name", [name for name, _, _ in hostile_bodies()])
 def test_health_keeps_answering_while_a_hostile_body_is_worked_on(
     name: str, gateway: GatewayProcess, tmp_path: Path
@@ -140,32 +92,15 @@ def test_health_keeps_answering_while_a_hostile_body_is_worked_on(
     assert BODY_LIMIT / 2 < len(payload) <= BODY_LIMIT
     body_file = tmp_path / "body.json"
     body_file.write_bytes(payload)
-    send = (
-        "import httpx, sys; "
-        f"r = httpx.post({gateway.url + path!r}, content=open({str(body_file)!r}, 'rb').read(), "
-        "headers={'content-type': 'application/json'}, timeout=300); "
-        "print(r.status_code); print(r.text[:300])"
-    )
     lag_before = lag_buckets(gateway.url)
-    stop = tmp_path / "stop"
-    with subprocess.Popen(
-        [sys.executable, "-c", PROBE, gateway.url, str(stop), str(PROBE_EVERY_S)],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as prober:
-        assert prober.stdout is not None
-        assert prober.stdout.readline().strip() == "probing"
-        began = time.monotonic()
-        sender = subprocess.run([sys.executable, "-c", send], capture_output=True, text=True)
-        ended = time.monotonic()
-        stop.touch()
-        probes = json.loads(prober.stdout.read())
+    probed = probe_while_sending(gateway.url, path, body_file, tmp_path)
+    probes, began, ended = probed.probes, probed.began, probed.ended
     # The probes in flight at any time while the hostile request was sent and worked on.
     during = [
         (at, wait, status) for at, wait, status in probes if at <= ended and at + wait >= began
     ]
     assert all(status == 200 for _, _, status in during), during
-    status, _, answer = sender.stdout.partition("\n")
+    status, answer = probed.status, probed.answer
     waits = [wait for _, wait, _ in during]
     silence = longest_silence(probes, began, ended)
     print(

@@ -18,8 +18,6 @@ import base64
 import io
 import json
 import random
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,6 +29,12 @@ import pytest
 from tests.support.fault_upstream import FaultUpstreamProcess
 from tests.support.fault_upstream import running as running_upstream
 from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.loop_probe import (
+    lag_buckets,
+    longest_silence,
+    probe_while_sending,
+    samples_over,
+)
 from tests.support.media_server import MediaServer, answer, drip, media_server, png, redirect
 from tests.support.metrics import metric_value
 
@@ -222,16 +226,7 @@ def test_health_keeps_answering_while_a_bodys_images_are_read(
     under the 8 MiB body limit): base64 decoded, hashed, decoded and sent on inline, all off
     the event loop. Probed as `test_loop_lag` probes its hostile bodies: `/health` from a
     process of its own, never two seconds without an answer; no loop-lag sample past 2.5 s."""
-    from tests.integration.test_loop_lag import (
-        BODY_LIMIT,
-        PROBE,
-        PROBE_EVERY_S,
-        STALL_BOUND_S,
-        STALL_BUCKET,
-        lag_buckets,
-        longest_silence,
-        samples_over,
-    )
+    from tests.integration.test_loop_lag import BODY_LIMIT, STALL_BOUND_S, STALL_BUCKET
 
     urls = [
         "data:image/jpeg;base64," + base64.b64encode(noise(1000, seed)).decode()
@@ -241,31 +236,12 @@ def test_health_keeps_answering_while_a_bodys_images_are_read(
     assert BODY_LIMIT * 3 / 4 < len(payload) <= BODY_LIMIT
     body = tmp_path / "body.json"
     body.write_bytes(payload)
-    send = (
-        "import httpx; "
-        f"r = httpx.post({roomy.url + '/v1/chat/completions'!r}, "
-        f"content=open({str(body)!r}, 'rb').read(), "
-        "headers={'content-type': 'application/json'}, timeout=300); "
-        "print(r.status_code); print(r.text[:300])"
-    )
     lag_before = lag_buckets(roomy.url)
-    stop = tmp_path / "stop"
-    with subprocess.Popen(
-        [sys.executable, "-c", PROBE, roomy.url, str(stop), str(PROBE_EVERY_S)],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as prober:
-        assert prober.stdout is not None
-        assert prober.stdout.readline().strip() == "probing"
-        began = time.monotonic()
-        sender = subprocess.run([sys.executable, "-c", send], capture_output=True, text=True)
-        ended = time.monotonic()
-        stop.touch()
-        probes = json.loads(prober.stdout.read())
-    status, _, answer = sender.stdout.partition("\n")
+    probed = probe_while_sending(roomy.url, "/v1/chat/completions", body, tmp_path)
+    status, answer = probed.status, probed.answer
     assert status == "200", answer
     assert len(last_images(upstream)) == 8
-    silence = longest_silence(probes, began, ended)
+    silence = longest_silence(probed.probes, probed.began, probed.ended)
     assert silence <= STALL_BOUND_S, f"/health went {silence * 1000:.0f} ms without an answer"
     assert samples_over(lag_before, lag_buckets(roomy.url), STALL_BUCKET) == 0
 

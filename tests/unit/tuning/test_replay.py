@@ -4,8 +4,6 @@ outcome measured: first token, gaps, tokens; refusals and failures told apart.""
 
 from __future__ import annotations
 
-import time
-
 from sluicegate.errors import OverloadedError
 from sluicegate.tuning.profile import Request
 from sluicegate.tuning.prompts import PromptMaker
@@ -30,11 +28,9 @@ async def test_each_request_is_sent_on_time_and_measured() -> None:
     engine = FakeEngine(step_delay=1.0)  # each answer takes 3 s
     with serve_in_thread(fake_app(engine)) as url:
         target = Target(url, FAKE_MODEL)
-        started = time.monotonic()
         outcomes = await replay(
             target, [request(0.0), request(0.3), request(0.6)], PromptMaker(range(2, 1000), 16)
         )
-        took = time.monotonic() - started
     assert len(engine.prompts) == 3 and [len(p.ids) for p in engine.prompts] == [40, 40, 40]
     assert engine.prompts[0].ids[:32] == engine.prompts[1].ids[:32]
     # On their own times (not before), and open loop: the last went before the first
@@ -44,7 +40,6 @@ async def test_each_request_is_sent_on_time_and_measured() -> None:
     for outcome in outcomes:
         assert outcome.ttft is not None and len(outcome.gaps) == 2 and outcome.tokens == 3
         assert not outcome.refused and not outcome.failed
-    assert took >= 0.6
 
 
 async def test_refusals_and_failures_are_told_apart() -> None:
