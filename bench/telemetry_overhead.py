@@ -11,11 +11,16 @@ by the same load (`vllm.benchmarks.serve`, random prompts, 128 tokens in, 64 out
 - **off**: the gateway's telemetry removed: no request middleware, no engine-run hook, no
   tracing, and the engine started with `disable_log_stats=True` (no `vllm:*` series).
 
+With `--capture`, a third variant, **capture**: "on" recording the traffic profile of every
+request (`SLUICEGATE_TRAFFIC_CAPTURE`, sample 1) to a file in `bench/results/`, removed once
+its lines are counted; its row is compared with "on".
+
 The sink shares the machine's two cores with the gateway and the load generator, so its CPU
 counts against "on".
 
     .venv/bin/python bench/telemetry_overhead.py                   # 2 rounds, concurrency 16
     .venv/bin/python bench/telemetry_overhead.py --rounds 4 --concurrency 1 16
+    .venv/bin/python bench/telemetry_overhead.py --capture         # what the capture adds
 """
 
 from __future__ import annotations
@@ -147,7 +152,11 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "NO_PROXY": "127.0.0.1,localhost",
     }
     sink = None
-    if variant == "on":
+    capture = RESULTS / f"telemetry-capture-{os.getpid()}.jsonl"
+    if variant == "capture":
+        capture.unlink(missing_ok=True)
+        env["SLUICEGATE_TRAFFIC_CAPTURE"] = str(capture)
+    if variant in ("on", "capture"):
         sink_log = RESULTS / "telemetry-sink.log"
         sink = spawn([sys.executable, __file__, "--sink", str(args.sink_port)], sink_log, env)
         wait_ready(f"http://127.0.0.1:{args.sink_port}/", sink, f"sink (see {sink_log})", 30)
@@ -176,14 +185,19 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         if sink is not None:
             time.sleep(6)  # the batch processor exports every 5 s
             exported = httpx.get(f"http://127.0.0.1:{args.sink_port}/", timeout=5).json()
-        return {"levels": levels, "series": series, "exported": exported}
     finally:
         stop(server)
         if sink is not None:
             stop(sink)
+    captured = None
+    if variant == "capture":  # complete: the gateway has stopped
+        captured = len(capture.read_bytes().splitlines()) - 1  # less its header
+        capture.unlink()
+    return {"levels": levels, "series": series, "exported": exported, "captured": captured}
 
 
 def table(results: dict[str, list[dict[str, Any]]], levels: list[int]) -> str:
+    variants = list(results)
     lines = [
         "| concurrency | telemetry | " + " | ".join(HEADERS) + " |",
         "|---|---|" + "---|" * len(HEADERS),
@@ -193,25 +207,39 @@ def table(results: dict[str, list[dict[str, Any]]], levels: list[int]) -> str:
             variant: summarize([r["levels"][level] for r in runs])
             for variant, runs in results.items()
         }
-        for variant in VARIANTS:
+        for variant in variants:
             lines.append(f"| {level} | {variant} | {cells(figures[variant])} |")
         lines.append(ratio_row(level, "on / off", figures["on"], figures["off"]))
+        if "capture" in figures:
+            lines.append(ratio_row(level, "capture / on", figures["capture"], figures["on"]))
     return "\n".join(lines)
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sink-port", type=int, default=8792)
+    parser.add_argument(
+        "--capture", action="store_true", help="a third variant: on, capturing the traffic"
+    )
 
 
 def main() -> None:
     args = parse_args(
         __doc__.splitlines()[0], [16], 4, 16, 2, 8791,
-        extra=lambda parser: parser.add_argument("--sink-port", type=int, default=8792),
+        extra=_options,
     )  # fmt: skip
+    variants = (*VARIANTS, "capture") if args.capture else VARIANTS
     started = time.monotonic()
-    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
     for round_index in range(args.rounds):
-        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+        order = variants if round_index % 2 == 0 else variants[::-1]
         for variant in order:
             print(f"--- round {round_index + 1}: telemetry {variant}", flush=True)
             outcome = run_variant(variant, args)
-            print(f"    series {outcome['series']}, exported {outcome['exported']}", flush=True)
+            print(
+                f"    series {outcome['series']}, exported {outcome['exported']}, "
+                f"captured {outcome['captured']}",
+                flush=True,
+            )
             results[variant].append(outcome)
 
     elapsed = time.monotonic() - started

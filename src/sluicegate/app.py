@@ -23,6 +23,7 @@ from sluicegate import __version__, wiring
 from sluicegate.api import (
     adapters,
     admin_keys,
+    admission,
     completions,
     embeddings,
     health,
@@ -84,8 +85,9 @@ def create_app(
                 settings, stack, client, worker, keys, key_labels
             )
             started = time.monotonic()
+            bounds = wiring.inference.admission(settings)
             models = await wiring.registry.open_models(
-                settings, stack, engine_factory, pool_factory, embedder_factory
+                settings, stack, engine_factory, pool_factory, embedder_factory, bounds
             )
             wiring.engines.watch_local_engines(
                 settings, stack, models.local_engines(), lifecycle, worker
@@ -126,6 +128,8 @@ def create_app(
                 ),
                 allow_runtime_lora=settings.allow_runtime_lora,
                 lora_roots=settings.lora_root_folders,
+                admission=bounds,
+                allow_runtime_admission=settings.allow_runtime_admission,
                 keys=keys,
                 static_keys=settings.keyring(),
                 ledger=ledger,
@@ -135,6 +139,8 @@ def create_app(
                     settings, client, worker.reasoning_key
                 ),
                 media=wiring.media.media_loader(settings),
+                capture=wiring.capture.enter_capture(settings, stack, models),
+                objective=wiring.observability.service_objective(settings),
             )
             yield state.lifespan_state()
             logger.info("shutting down the engines")
@@ -150,6 +156,7 @@ def create_app(
         adapters.router,
         tokenize.router,
         admin_keys.router,
+        admission.router,
         usage.router,
         health.router,
     ):

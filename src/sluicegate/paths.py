@@ -19,7 +19,8 @@ PROBE_PATHS = frozenset({"/health", READY_PATH}) | METRICS_PATHS
 PLAYGROUND_PATH = "/playground"
 """The playground page and its files (`sluicegate/playground/`), served without a key."""
 ADMIN_PREFIX = "/admin"
-"""The admin API (`/admin/keys`, `/admin/usage`): admin keys only (`http.admin_guard`)."""
+"""The admin API (`/admin/keys`, `/admin/usage`, `/admin/admission`): admin keys only
+(`http.admin_guard`)."""
 LORA_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 """Loading and unloading LoRA adapters at run time: admin keys only too."""
 

@@ -408,6 +408,9 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                     "OTEL_BSP_SCHEDULE_DELAY": "200",
                     "NO_PROXY": "127.0.0.1,localhost",
+                    # The dashboard's attainment panel: requests judged against an objective.
+                    "SLUICEGATE_SLO_TTFT": "30",
+                    "SLUICEGATE_SLO_ITL": "5",
                 },
             )
         )

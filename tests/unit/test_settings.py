@@ -175,3 +175,12 @@ def test_several_workers_need_redis_and_no_runtime_adapters() -> None:
     assert "LORA_MODULES" in describe_error(runtime_lora.value)
     assert Settings(workers=2, redis_url="redis://localhost:6379/0").workers == 2
     assert Settings(allow_runtime_lora=True, lora_roots="/adapters").workers == 1
+
+
+def test_several_workers_refuse_admission_bounds_changed_at_run_time() -> None:
+    with pytest.raises(ValidationError) as several:
+        Settings(workers=2, redis_url="redis://localhost:6379/0", allow_runtime_admission=True)
+    assert "allow_runtime_admission cannot be used with workers=2" in describe_error(several.value)
+    assert "each worker holds its own admission bounds" in describe_error(several.value)
+    assert Settings(allow_runtime_admission=True).allow_runtime_admission
+    assert not Settings().allow_runtime_admission

@@ -119,12 +119,12 @@ def test_engine_state_bounds_warn_where_the_engine_reports_no_state(
         def load(self) -> EngineLoad:
             return EngineLoad(0, 0, 0.0)
 
-    bounded = settings(max_engine_waiting=8, max_kv_cache_usage=0.9)
-    with caplog.at_level(logging.WARNING, logger="sluicegate.wiring"):
-        limits = wiring.load_limits(bounded, Idle())  # type: ignore[arg-type]
+    bounded = wiring.admission(settings(max_engine_waiting=8, max_kv_cache_usage=0.9))
+    with caplog.at_level(logging.WARNING, logger="sluicegate.inference.admission"):
+        limits = bounded.of(Idle()).limits  # type: ignore[arg-type]
         assert not caplog.records
-        wiring.load_limits(bounded, NoState())  # type: ignore[arg-type]
-        wiring.load_limits(settings(), NoState())  # type: ignore[arg-type]
+        bounded.of(NoState())  # type: ignore[arg-type]
+        wiring.admission(settings()).of(NoState())  # type: ignore[arg-type]
     assert (limits.max_waiting, limits.max_running, limits.max_kv_cache_usage) == (8, None, 0.9)
     assert len(caplog.records) == 1 and "upstreams report none" in caplog.messages[0]
 

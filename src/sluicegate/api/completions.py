@@ -51,6 +51,7 @@ from sluicegate.models.served import ServedModel
 from sluicegate.observability.metrics import MODEL_FALLBACKS
 from sluicegate.observability.record import current_request, mark_model
 from sluicegate.observability.tracing import span
+from sluicegate.observability.traffic_entry import TrafficEntry
 from sluicegate.quota.quotas import Reservation
 from sluicegate.wire.completion import Completion
 from sluicegate.wire.events import opens_early, render_cached, stream_writer
@@ -188,6 +189,8 @@ class Exchange:
     answered: Callable[[], Awaitable[None]] | None = None
     """Told when the whole response is rendered (before a stream's last events are sent);
     not when it failed."""
+    traffic: TrafficEntry | None = None
+    """What the traffic capture records of the request (`observability.capture`)."""
 
     @classmethod
     def start(
@@ -201,7 +204,13 @@ class Exchange:
     ) -> Exchange:
         deadline = asyncio.get_running_loop().time() + state.timeouts.request
         key_id = api_key_id(request.scope)
-        return cls(run, stream, request, state, model, key_id, deadline, answered=answered)
+        record = current_request()
+        if (traffic := record.traffic if record is not None else None) is not None:
+            # As the client asked, before admission makes its priority the engine's.
+            traffic.shape(run, stream)
+        return cls(
+            run, stream, request, state, model, key_id, deadline, answered=answered, traffic=traffic
+        )
 
     async def respond(self) -> Response:
         await self.admit()
@@ -213,6 +222,8 @@ class Exchange:
             deltas = self.output(lookup)
             if self.follows:
                 self._runs_elsewhere()
+            elif self.traffic is not None:
+                self.traffic.runs(lookup.outcome)
             if self.stream:
                 # From here the stream settles when it ends (`service.stream`'s `on_end`).
                 return await self.stream_events(deltas)
@@ -337,6 +348,8 @@ class Exchange:
         self.follows = False
         if self.reservation is not None:
             self.state.quotas.runs_itself(self.reservation, self.run.expected_choices)
+        if self.traffic is not None:
+            self.traffic.runs("MISS")
         self.headers.update({"x-cache": "MISS"})
         self.headers.pop("age", None)
 

@@ -6,7 +6,7 @@ in a dependency let anyone send megabytes to be parsed on the event loop before 
 in request order, before a byte of the body:
 
 1. a route whose feature is off answers 404 (managed keys, the usage ledger, adapters loaded
-   at run time), as if it did not exist;
+   at run time, admission bounds changed at run time), as if it did not exist;
 2. with keys, a caller without a key gets a 401, and one whose key is not an admin's a 403;
 3. the call is counted against its key's admin limit (`Quotas.enter_admin`): 429 past it.
 
@@ -33,6 +33,9 @@ from sluicegate.paths import ADMIN_PREFIX, LORA_PATHS, is_admin_path, route_path
 MANAGED_KEYS_OFF = "Managed keys are off (SLUICEGATE_MANAGED_KEYS)."
 USAGE_LEDGER_OFF = "The usage ledger is off (it needs SLUICEGATE_REDIS_URL)."
 RUNTIME_LORA_OFF = "Loading LoRA adapters at run time is off (SLUICEGATE_ALLOW_RUNTIME_LORA)."
+RUNTIME_ADMISSION_OFF = (
+    "Changing the admission bounds at run time is off (SLUICEGATE_ALLOW_RUNTIME_ADMISSION)."
+)
 
 
 class AdminGuardMiddleware:
@@ -78,6 +81,8 @@ def _check_feature(path: str, state: AppState) -> None:
             raise NotFoundError(MANAGED_KEYS_OFF)
     elif _under(path, ADMIN_PREFIX + "/usage") and state.usage is None:
         raise NotFoundError(USAGE_LEDGER_OFF)
+    elif _under(path, ADMIN_PREFIX + "/admission") and not state.allow_runtime_admission:
+        raise NotFoundError(RUNTIME_ADMISSION_OFF)
 
 
 def _under(path: str, prefix: str) -> bool:

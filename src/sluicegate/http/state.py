@@ -14,11 +14,14 @@ from starlette.types import Scope
 from sluicegate.cache.embedding_cache import EmbeddingCache
 from sluicegate.cache.response_cache import ResponseCache
 from sluicegate.conversation.store import ResponseStore
+from sluicegate.inference.admission import Admission
 from sluicegate.keys import ApiKeyring
 from sluicegate.lifecycle import Lifecycle
 from sluicegate.media.loader import MediaLoader
 from sluicegate.models.registry import ModelRegistry
+from sluicegate.observability.capture import TrafficCapture
 from sluicegate.observability.key_label import KeyLabels
+from sluicegate.observability.objective import ServiceObjective
 from sluicegate.offload import ProcessOffload
 from sluicegate.quota.quotas import Quotas
 from sluicegate.tenancy.ledger import UsageLedger
@@ -80,6 +83,10 @@ class AppState:
     allow_runtime_lora: bool = False
     lora_roots: tuple[str, ...] = ()
     """The folders adapters may be loaded from at run time (`LORA_ROOTS`)."""
+    admission: Admission = field(default_factory=Admission)
+    """The admission bounds every engine's admission reads."""
+    allow_runtime_admission: bool = False
+    """An admin may change them at run time (`/admin/admission`)."""
     keys: KeyStore | None = None
     """Managed keys (`MANAGED_KEYS`): None without them."""
     static_keys: ApiKeyring = field(default_factory=lambda: ApiKeyring(()))
@@ -95,6 +102,10 @@ class AppState:
     """Signs thinking blocks and seals reasoning items (`wiring.reasoning`)."""
     media: MediaLoader = field(default_factory=MediaLoader.default)
     """Reads the images of requests (`wiring.media`)."""
+    capture: TrafficCapture | None = None
+    """Records the traffic profile (`TRAFFIC_CAPTURE`); None when off."""
+    objective: ServiceObjective | None = None
+    """The service objective requests are judged against (`SLO_TTFT`); None when unset."""
 
     def lifespan_state(self) -> dict[str, AppState]:
         """What the lifespan yields."""

@@ -13,6 +13,9 @@ The access line carries the request id, trace id, status, model, token counts, t
 gateway waited for the client to send its body, TTFT, total time (both from the headers) and
 cache outcome (the `X-Cache` response header). Never a body, a header value other
 than `X-Cache`, or a key. Probes and scrapes (`/health`, `/ready`, `/metrics`) log at DEBUG.
+
+With `TRAFFIC_CAPTURE` on, each inference request's arrival and end are told to the traffic
+capture (`observability.capture`), which keeps their order.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from sluicegate.http.state import app_state
 from sluicegate.lru import BoundedLRU
 from sluicegate.observability import metrics, timeline
 from sluicegate.observability.logs import lean_record
+from sluicegate.observability.objective import ServiceObjective
 from sluicegate.observability.record import (
     RequestRecord,
     close_request,
@@ -82,6 +86,7 @@ class TelemetryMiddleware:
         self._counters: dict[tuple[str, str, int], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
         self._overheads: dict[str, Histogram] = {}
+        self._judged: dict[tuple[str, str], Counter] = {}
 
     def _endpoint(self, scope: Scope) -> str:
         if scope.get("route") is not None:
@@ -125,8 +130,15 @@ class TelemetryMiddleware:
             await send(message)
 
         token = open_request(record)
+        capture = None
+        objective = None
         if inference:
             enter_in_flight(record)
+            if (state := app_state(scope)) is not None:
+                if capture := state.capture:
+                    capture.arrived(record, scope["path"])
+                if objective := state.objective:
+                    record.slow_gap = objective.itl
         try:
             await self.app(scope, observed_receive, observed_send)
         except BaseException:
@@ -135,9 +147,17 @@ class TelemetryMiddleware:
         finally:
             close_request(token)
             end_model(record)
-            self._account(scope, record, response)
+            if capture is not None:
+                capture.ended(record)
+            self._account(scope, record, response, objective)
 
-    def _account(self, scope: Scope, record: RequestRecord, response: _Response) -> None:
+    def _account(
+        self,
+        scope: Scope,
+        record: RequestRecord,
+        response: _Response,
+        objective: ServiceObjective | None = None,
+    ) -> None:
         endpoint = self._endpoint(scope)
         # The model the route resolved (empty when it was refused before, or off the
         # inference routes): names come from the registry, so the label set is bounded.
@@ -157,6 +177,12 @@ class TelemetryMiddleware:
             observed.observe(record.overhead)
         if endpoint in INFERENCE_PATHS and status != AuthenticationError.status_code:
             _settled(scope, record, model, status)
+            if objective is not None and (outcome := objective.judge(record, status, ended)):
+                judged = self._judged.get((model, outcome))
+                if judged is None:
+                    judged = metrics.OBJECTIVE_REQUESTS.labels(model, outcome)
+                    self._judged[(model, outcome)] = judged
+                judged.inc()
         if status == CLIENT_CLOSED:
             metrics.CLIENT_DISCONNECTS.labels(endpoint, model).inc()
         elif model and status < 400:

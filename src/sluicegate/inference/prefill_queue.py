@@ -19,7 +19,8 @@ With a TTFT `objective`, a run whose expected wait is past it is refused at once
 `overloaded`), with a `Retry-After` of how long the queue takes to drain to where a new run
 would meet it; so the runs admitted keep their objective instead of every run getting slow.
 Until `min_samples` departures have been measured nothing is refused: a cold engine has no
-rate to go by.
+rate to go by. The objective may change while runs wait (`set_objective`, at run time:
+`inference.admission`): the runs that enter after are judged by it, on what was measured.
 
 The estimate cannot latch shut. It learns only from runs it admitted, so a refusal teaches it
 nothing; one first token far later than foretold could otherwise push it past the objective
@@ -48,6 +49,7 @@ work in-process; an engine shared with others (an upstream) may be busier than i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -180,6 +182,16 @@ class PrefillQueue:
     def waiting(self) -> int:
         """Runs waiting for their first token."""
         return len(self._tickets)
+
+    @property
+    def objective(self) -> float | None:
+        return self._config.objective
+
+    def set_objective(self, objective: float | None) -> None:
+        """The objective of the runs that enter from now on (None: every run is admitted).
+        What was measured stays: the rate and the lateness are the engine's, not the
+        objective's; the runs waiting keep their places."""
+        self._config = dataclasses.replace(self._config, objective=objective)
 
     @property
     def lateness(self) -> float:

@@ -25,10 +25,9 @@ from sluicegate.engine.protocol import (
     TokenLogprob,
 )
 from sluicegate.errors import InvalidRequestError
+from sluicegate.inference.admission import EngineAdmission
 from sluicegate.inference.budget import BudgetPolicy, BudgetReport, FittedPrompts, TokenBudget
 from sluicegate.inference.images import CountedImages, RequestImages
-from sluicegate.inference.load_limits import LoadLimits
-from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.reasoning import ReasoningSplit, chat_shaped
 from sluicegate.inference.run import Echo, RequestLimits, Run
 from sluicegate.inference.structured import (
@@ -78,23 +77,21 @@ class CompletionService:
         limits: RequestLimits | None = None,
         budget: BudgetPolicy | None = None,
         structured: StructuredLimits | None = None,
-        queue: PrefillQueue | None = None,
-        load_limits: LoadLimits | None = None,
+        admission: EngineAdmission | None = None,
         *,
         identity: str = "",
         adapter: str | None = None,
     ):
         """`model_name` is the name its answers carry; `identity` what they depend on besides
         the request (the weights: the cache key holds it); `adapter` the LoRA adapter the
-        engine runs with. `queue` and `load_limits` are the engine's, shared by every
-        service on it."""
+        engine runs with. `admission` is the engine's (`inference.admission`), shared by
+        every service on it."""
         self.engine = engine
         self.model_name = model_name
         self.identity = identity or model_name
         self._adapter = adapter
         self._engine = engine
-        self._queue = queue or PrefillQueue(QueueConfig())
-        self._load_limits = load_limits or LoadLimits()
+        self._admission = admission or EngineAdmission(engine)
         self._model_name = model_name
         self._limits = limits or RequestLimits()
         self._structured = structured or StructuredLimits()
@@ -528,16 +525,9 @@ class CompletionService:
         tools = fmt.tools if isinstance(fmt, ChatFormat) else None
         # Refused here, before any engine work, when the engine holds as much as it may, or
         # when the first token would come too late.
-        # Both count only the backlog the run would wait behind, and refuse the key that
-        # holds it first (`prefill_queue.Backlog`).
-        load = self._engine.load()
-        backlog = self._queue.backlog(run.priority, run.key_id)
-        self._load_limits.check(load, self._queue.drain_seconds(), backlog)
-        in_step = load.step_seconds if load is not None and (load.running or load.waiting) else 0.0
-        ticket = self._queue.enter(
+        ticket = self._admission.admit(
             run.prompt_tokens,
             time.time() - run.arrival_time,
-            in_step,
             # A grammar compiled for the run delays its first token past what the queue
             # foretells; it must not teach the estimate (`prefill_queue`).
             learns=run.options.structured is None,

@@ -1,4 +1,5 @@
-"""Telemetry of one engine run: TTFT, inter-token latency, tokens, and its span.
+"""Telemetry of one engine run: TTFT, inter-token latency, tokens, and its span; and, with
+the traffic capture on, each sequence's output tokens and finish reason (`TrafficEntry`).
 
 `CompletionService._steps` (`inference.service`) opens a `GenerationTelemetry` around every
 run and hands it each engine step; every generated token of every request passes here, so
@@ -25,6 +26,7 @@ from sluicegate.engine.protocol import EngineStep, SamplingOptions
 from sluicegate.observability import metrics
 from sluicegate.observability.record import RequestRecord, current_request
 from sluicegate.observability.tracing import tracer
+from sluicegate.observability.traffic_entry import TrafficEntry
 from sluicegate.wire.tools import ToolSetup
 
 
@@ -94,6 +96,7 @@ class GenerationTelemetry:
         "_series",
         "_span",
         "_started",
+        "_traffic",
     )
 
     def __init__(
@@ -107,6 +110,7 @@ class GenerationTelemetry:
     ):
         self._series = _series(model)
         self._record: RequestRecord | None = current_request()
+        self._traffic: TrafficEntry | None = self._record.traffic if self._record else None
         # TTFT as the client sees it: from the request's arrival when there is one.
         self._started = self._record.started if self._record else time.perf_counter()
         self._prompt_tokens = prompt_tokens
@@ -144,11 +148,14 @@ class GenerationTelemetry:
         it brought the run's first token."""
         self._answered = True
         tokens = 0
+        traffic = self._traffic
         for delta in step.choices:
             self._completion_tokens += delta.num_tokens
             tokens = max(tokens, delta.num_tokens)
             if delta.finish_reason is not None:
                 self._finish_reasons.append(delta.finish_reason)
+            if traffic is not None:
+                traffic.add(prompt_index, delta.index, delta.num_tokens, delta.finish_reason)
         if not tokens:
             return False
         now = time.perf_counter()
@@ -168,7 +175,12 @@ class GenerationTelemetry:
         if last is not None:
             # One observation per step, as vLLM's own histogram: a step that carries several
             # tokens (an upstream's coalesced events) gives their mean gap.
-            self._series.itl.observe((now - last) / tokens)
+            gap = (now - last) / tokens
+            self._series.itl.observe(gap)
+            record = self._record
+            if record is not None and record.slow_gap is not None:
+                record.gaps += 1
+                record.slow_gaps += gap > record.slow_gap
         self._last_token[prompt_index] = now
         return first
 

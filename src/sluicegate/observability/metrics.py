@@ -415,6 +415,24 @@ class _LogRecordsDropped(Collector):
 
 REGISTRY.register(_LogRecordsDropped())
 
+# ---- the traffic capture (observability.capture) ----------------------------------------------
+OBJECTIVE_REQUESTS = Counter(
+    "sluicegate_objective_requests_total",
+    "Inference requests judged against the service objective (SLO_TTFT, SLO_ITL), by the "
+    "model they were routed to and outcome: `met`, `missed` (too slow, a server error, a "
+    "client gone after the TTFT bound), `refused` (429, 503). Attainment: met over all.",
+    ["model", "outcome"],
+)
+TRAFFIC_CAPTURE_LINES = Counter(
+    "sluicegate_traffic_capture_lines_total",
+    "Engine sequences seen by the traffic capture (TRAFFIC_CAPTURE), one profile line each, by "
+    "outcome: `written`; `sampled_out` (TRAFFIC_CAPTURE_SAMPLE left the request out); "
+    "`dropped` (the writer fell behind, an earlier request held it back too long, no tokenizer "
+    "counted its prompt, or the file could not be written); `over_size` "
+    "(TRAFFIC_CAPTURE_MAX_BYTES reached).",
+    ["outcome"],
+)
+
 
 def count_error(exc: GatewayError) -> None:
     """Count the errors ops must see, wherever they are rendered (response or stream event)."""
@@ -481,6 +499,9 @@ for _mode in ("auto", "required", "named"):
     TOOL_CALLS.labels(_mode)
     for _tool_outcome in ("called", "invalid_arguments", "text"):
         TOOL_CALL_CHOICES.labels(_mode, _tool_outcome)
+TRAFFIC_CAPTURE_OUTCOMES = ("written", "sampled_out", "dropped", "over_size")
+for _outcome in TRAFFIC_CAPTURE_OUTCOMES:
+    TRAFFIC_CAPTURE_LINES.labels(_outcome)
 
 # ---- keys, budgets and the usage ledger (tenancy, quota.budgets) -------------------------
 # `key` is a key's public id for the first METRICS_MAX_KEYS keys a process sees, then

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 
 from sluicegate.observability.metrics import REQUESTS_IN_FLIGHT
+from sluicegate.observability.traffic_entry import TrafficEntry
 
 
 @dataclass(slots=True)
@@ -50,6 +51,14 @@ class RequestRecord:
     cached_tokens: int = 0
     """Prompt tokens answered from the response or embedding cache (the usage ledger's
     `cached_input_tokens`)."""
+    traffic: TrafficEntry | None = None
+    """What the traffic capture records of it (`observability.capture`); None when it is
+    off, or the request is on no captured path."""
+    slow_gap: float | None = None
+    """The service objective's bound on a gap between tokens (`SLO_ITL`): with it, the
+    engine's steps count `gaps` and those past it, `slow_gaps` (`observability.objective`)."""
+    gaps: int = 0
+    slow_gaps: int = 0
 
     def add_usage(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> None:
         self.prompt_tokens = (self.prompt_tokens or 0) + prompt_tokens

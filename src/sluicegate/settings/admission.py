@@ -46,6 +46,14 @@ class AdmissionSettings(BaseModel):
         "which new requests get a 503 `overloaded` at once, before they would make the engine "
         "preempt running ones. In-process engine only. Unset: no bound.",
     )
+    allow_runtime_admission: bool = Field(
+        default=False,
+        description="Lets admin keys read and change TTFT_OBJECTIVE, MAX_ENGINE_WAITING, "
+        "MAX_ENGINE_RUNNING and MAX_KV_CACHE_USAGE at run time, with no restart (`GET` and "
+        "`PUT /admin/admission`), for the requests that come after: what `sluicegate tune` "
+        "searches. Off: those routes answer 404. Refused with WORKERS > 1: each worker holds "
+        "its own bounds, and a change would reach one of them.",
+    )
     max_in_flight_per_key: int | None = Field(
         default=None, ge=1, description="In-flight requests per API key before a 429. Unset: none."
     )

@@ -21,6 +21,7 @@ from sluicegate.settings.rate_limits import RateLimitSettings
 from sluicegate.settings.reasoning import ReasoningSettings
 from sluicegate.settings.reporting import ENV_PREFIX
 from sluicegate.settings.server import ServerSettings
+from sluicegate.settings.traffic import TrafficSettings
 from sluicegate.settings.upstream import UpstreamSettings
 
 
@@ -36,6 +37,7 @@ class Settings(
     BrowserSettings,
     ReasoningSettings,
     AccessSettings,
+    TrafficSettings,
     ServerSettings,
     UpstreamSettings,
     ModelSettings,
@@ -55,6 +57,10 @@ class Settings(
 
     @model_validator(mode="after")
     def _check_across(self) -> Self:
+        if self.slo_itl is not None and self.slo_ttft is None:
+            raise ValueError(
+                "SLUICEGATE_SLO_ITL needs SLUICEGATE_SLO_TTFT: the objective is judged on both"
+            )
         if self.workers > 1:
             self._check_workers()
         # After the workers' check: with several workers, runtime adapters are refused
@@ -84,7 +90,8 @@ class Settings(
         """What several workers cannot do: a stored response (the Responses API) must be found
         by whichever worker gets the conversation's next turn, so it needs Redis; and an adapter
         loaded at run time would be known to one worker's engine client only (vLLM refuses
-        runtime LoRA with several API servers for the same reason)."""
+        runtime LoRA with several API servers for the same reason), as would admission bounds
+        changed at run time."""
         if self.redis_url is None:
             raise ValueError(
                 f"workers={self.workers} needs SLUICEGATE_REDIS_URL: stored responses (the "
@@ -96,6 +103,19 @@ class Settings(
                 f"allow_runtime_lora cannot be used with workers={self.workers}: an adapter "
                 "loaded through the API would be known to one worker only; list adapters in "
                 "SLUICEGATE_LORA_MODULES instead"
+            )
+        if self.traffic_capture is not None:
+            raise ValueError(
+                f"traffic_capture cannot be used with workers={self.workers}: each worker "
+                "would record its own requests in its own arrival order; capture with "
+                "SLUICEGATE_WORKERS=1"
+            )
+        if self.allow_runtime_admission:
+            raise ValueError(
+                f"allow_runtime_admission cannot be used with workers={self.workers}: each "
+                "worker holds its own admission bounds, and a change through the API would "
+                "reach one worker only; tune a single worker, then give the bounds it found "
+                "as settings"
             )
 
     def _check_managed_keys(self) -> None:

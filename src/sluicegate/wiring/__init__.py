@@ -10,7 +10,8 @@ and nowhere else, a module per subsystem. The lifespan in `app.py` opens them in
 - `registry`: the models (`entries`) and their engines (`engines`), each model's service
   (`inference`);
 - `cache`: the response cache and the embeddings'; `responses`: stored responses;
-- `reasoning`: the keys that sign and seal the thoughts clients send back.
+- `reasoning`: the keys that sign and seal the thoughts clients send back;
+- `capture`: the traffic capture's file, once the models' windows are known.
 
 Each `enter_*` function opens its part for the lifespan and registers its closing on the
 lifespan's exit stack; the `open_*` functions and the config builders are what the tests
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sluicegate.wiring import (
         cache,
+        capture,
         engines,
         entries,
         inference,
@@ -67,8 +69,8 @@ if TYPE_CHECKING:
         uses_local_engine,
     )
     from sluicegate.wiring.inference import (
+        admission,
         budget_policy,
-        load_limits,
         request_limits,
         service_factory,
         structured_limits,
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
 _SUBMODULES = frozenset(
     {
         "cache",
+        "capture",
         "engines",
         "entries",
         "inference",
@@ -130,8 +133,8 @@ _NAMES = {
     "model_entries": "entries",
     "uses_local_engine": "entries",
     "media_loader": "media",
+    "admission": "inference",
     "budget_policy": "inference",
-    "load_limits": "inference",
     "request_limits": "inference",
     "service_factory": "inference",
     "structured_limits": "inference",
@@ -170,9 +173,11 @@ __all__ = [
     "LocalFactory",
     "ModelsError",
     "PoolFactory",
+    "admission",
     "budget_policy",
     "cache",
     "cache_config",
+    "capture",
     "chat_template",
     "check_embedding_name",
     "default_rate_limit",
@@ -186,7 +191,6 @@ __all__ = [
     "greet_redis",
     "inference",
     "keys",
-    "load_limits",
     "local_engine_configs",
     "local_factories",
     "media",

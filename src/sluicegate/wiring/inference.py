@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 from sluicegate.engine.protocol import EngineClient
 from sluicegate.http.state import Timeouts
+from sluicegate.inference.admission import Admission
 from sluicegate.inference.budget import BudgetPolicy
-from sluicegate.inference.load_limits import LoadLimits
-from sluicegate.inference.prefill_queue import PrefillQueue, QueueConfig
 from sluicegate.inference.run import RequestLimits
 from sluicegate.inference.service import CompletionService
 from sluicegate.inference.structured import StructuredLimits
 from sluicegate.models.registry import ServiceFactory
 from sluicegate.settings import Settings
+from sluicegate.wire.admission import AdmissionBounds
 from sluicegate.wire.tools import ToolLimits
-
-logger = logging.getLogger(__name__)
 
 
 def request_limits(settings: Settings) -> RequestLimits:
@@ -32,18 +28,16 @@ def request_limits(settings: Settings) -> RequestLimits:
     )
 
 
-def load_limits(settings: Settings, engine: EngineClient) -> LoadLimits:
-    limits = LoadLimits(
-        max_waiting=settings.max_engine_waiting,
-        max_running=settings.max_engine_running,
-        max_kv_cache_usage=settings.max_kv_cache_usage,
-    )
-    if limits.any and engine.load() is None:
-        logger.warning(
-            "MAX_ENGINE_WAITING, MAX_ENGINE_RUNNING and MAX_KV_CACHE_USAGE read the in-process "
-            "engine's scheduler; upstreams report none, so they bound nothing here"
+def admission(settings: Settings) -> Admission:
+    """The admission bounds at start (`ALLOW_RUNTIME_ADMISSION` lets an admin change them)."""
+    return Admission(
+        AdmissionBounds(
+            ttft_objective=settings.ttft_objective,
+            max_engine_waiting=settings.max_engine_waiting,
+            max_engine_running=settings.max_engine_running,
+            max_kv_cache_usage=settings.max_kv_cache_usage,
         )
-    return limits
+    )
 
 
 def structured_limits(settings: Settings) -> StructuredLimits:
@@ -81,26 +75,22 @@ def timeouts(settings: Settings) -> Timeouts:
     )
 
 
-def service_factory(settings: Settings) -> ServiceFactory:
+def service_factory(settings: Settings, bounds: Admission | None = None) -> ServiceFactory:
     """Builds each served model's service. The admission state that models an engine's queue
-    and load (`PrefillQueue`, `LoadLimits`) is one per engine, shared by its models."""
-    per_engine: dict[int, tuple[PrefillQueue, LoadLimits]] = {}
+    and load is one per engine, shared by its models, under the process's `bounds` (the
+    settings' unless given)."""
+    shared = bounds or admission(settings)
 
     def build(
         engine: EngineClient, name: str, identity: str, adapter: str | None
     ) -> CompletionService:
-        shared = per_engine.get(id(engine))
-        if shared is None:
-            queue = PrefillQueue(QueueConfig(objective=settings.ttft_objective))
-            shared = per_engine[id(engine)] = (queue, load_limits(settings, engine))
         return CompletionService(
             engine,
             name,
             request_limits(settings),
             budget_policy(settings),
             structured_limits(settings),
-            shared[0],
-            shared[1],
+            shared.of(engine),
             identity=identity,
             adapter=adapter,
         )

@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from sluicegate.observability.key_label import KeyLabels
 from sluicegate.observability.loop_lag import watch_loop_lag
+from sluicegate.observability.objective import ServiceObjective
 from sluicegate.observability.tracing import Tracing
 from sluicegate.settings import Settings
 
@@ -29,3 +30,10 @@ def watch_loop(stack: AsyncExitStack) -> None:
     """Measure the event loop's lag for as long as `stack` is open."""
     lag_watch = asyncio.create_task(watch_loop_lag())
     stack.callback(lag_watch.cancel)
+
+
+def service_objective(settings: Settings) -> ServiceObjective | None:
+    """The objective requests are judged against (`SLO_TTFT`, `SLO_ITL`), when one is set."""
+    if settings.slo_ttft is None:
+        return None
+    return ServiceObjective(settings.slo_ttft, settings.slo_itl)

@@ -13,6 +13,7 @@ from sluicegate.engine.model import model_identity
 from sluicegate.engine.protocol import EmbeddingEngine, EngineClient
 from sluicegate.engine.upstream.engine import UpstreamEngine
 from sluicegate.errors import GatewayError
+from sluicegate.inference.admission import Admission
 from sluicegate.inference.embeddings import EmbeddingLimits, EmbeddingService
 from sluicegate.models.config import ModelEntry, ModelPrice, ModelRateLimit
 from sluicegate.models.registry import LocalEngine, ModelRegistry
@@ -41,9 +42,11 @@ async def open_models(
     local_factory: LocalFactory = start_local_engine,
     pool_factory: PoolFactory = start_pool,
     embedder_factory: EmbedderFactory = start_local_embedder,
+    admission: Admission | None = None,
 ) -> ModelRegistry:
     """Start every engine the models need (at once), register their shutdowns on `stack`,
-    load the start-up adapters, and build the registry."""
+    load the start-up adapters, and build the registry; its engines are admitted under
+    `admission`'s bounds (the settings' unless given)."""
     entries = await asyncio.to_thread(model_entries, settings)
     local_entry = next((e for e in entries if e.is_local), None)
     engines: dict[int, EngineClient | EmbeddingEngine] = {}
@@ -70,7 +73,7 @@ async def open_models(
             group.create_task(start(index, entry))
         if settings.embedding_model is not None:
             group.create_task(start_embedder())
-    factory = service_factory(settings)
+    factory = service_factory(settings, admission)
     now = int(time.time())
     models: list[ServedModel] = []
     pools: list[tuple[ServedModel, Callable[[], Iterable[str]]]] = []

@@ -161,6 +161,7 @@ def test_the_admin_cap_takes_the_largest_key_settings_an_admin_may_send() -> Non
         ("/admin/keys/key-0123456789ab", "SLUICEGATE_MANAGED_KEYS"),
         (LOAD, "SLUICEGATE_ALLOW_RUNTIME_LORA"),
         (f"{LOAD}/", "SLUICEGATE_ALLOW_RUNTIME_LORA"),
+        ("/admin/admission", "SLUICEGATE_ALLOW_RUNTIME_ADMISSION"),
     ],
 )
 def test_a_route_whose_feature_is_off_is_a_404_before_the_body_is_read(

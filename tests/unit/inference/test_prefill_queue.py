@@ -119,6 +119,21 @@ def test_the_time_a_run_already_spent_counts_against_its_objective() -> None:
     queue.enter(10, elapsed=0.3)  # 0.3 + 1.6 s: admitted
 
 
+def test_a_new_objective_holds_for_the_next_runs_and_keeps_what_was_measured() -> None:
+    queue, clock = measured_prefill_queue(100, objective=None)
+    waiting = queue.enter(150)  # 1.5 s: admitted with no objective
+    queue.set_objective(1.0)
+    assert queue.objective == 1.0
+    with pytest.raises(OverloadedError, match="1 s objective"):
+        queue.enter(10)  # 1.6 s at the rate measured before the change
+    assert queue.waiting == 1 and queue.rate() == 100.0  # the admitted run keeps its place
+    queue.set_objective(None)
+    queue.enter(10).close()
+    clock.now += 1.5
+    waiting.started()
+    assert queue.waiting == 0 and queue.tokens == 0
+
+
 def test_runs_of_unknown_size_or_without_a_first_token_give_no_rate() -> None:
     # An upstream with no tokenizer: prompt sizes are 0; runs that all failed drained nothing.
     clock = Clock(0.0)
