@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-profile bench-affinity bench-timeline bench-goodput bench-parity bench-probes clean
+	bench-metrics bench-upstream bench-profile bench-affinity bench-timeline bench-goodput bench-parity bench-probes bench-tune clean
 
 all: check test
 
@@ -126,6 +126,10 @@ docs: $(DEV_STAMP)
 
 bench: install $(DEV_STAMP)
 	$(PY) bench/compare_vllm.py --rounds 4 --prompts-per-slot 3 --min-prompts 16
+
+# `sluicegate tune` on a generated bursty profile of the bundled model (issue 46), within a budget.
+bench-tune: install $(DEV_STAMP)
+	$(PY) bench/tune.py
 
 # Structured outputs (a 5-field JSON schema at concurrency 16) against vLLM's server, A-B-B-A.
 bench-structured: install $(DEV_STAMP)

@@ -1,4 +1,4 @@
-"""The `sluicegate` command: `serve`, `model prepare` and `profile` (traffic profiles).
+"""The `sluicegate` command: `serve`, `model prepare`, `profile` (traffic profiles) and `tune`.
 
 `serve` takes a flag for every setting (`--max-model-len 2048`); a flag beats the
 environment, which beats `.env`.
@@ -39,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--model-cache-dir", default=argparse.SUPPRESS)
     prepare.add_argument("--force", action="store_true", help="convert again")
-    from sluicegate.tuning.command import add_profile_commands
+    from sluicegate.tuning.command import add_profile_commands, add_tune_command
 
     add_profile_commands(commands)
+    add_tune_command(commands)
     return parser
 
 
@@ -94,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sluicegate.tuning.command import run_profile
 
         return run_profile(args)
+    if command == "tune":
+        from sluicegate.tuning.command import run_tune_command
+
+        return run_tune_command(args)
     args.pop("model_command")
     return _prepare(args)
 
@@ -115,6 +120,7 @@ def _serve(overrides: dict[str, Any]) -> int:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 1
     try:
+        _check_capture(settings)
         entries = _model_entries(settings)
         _prepare_engine_models(settings, uses_local_engine(entries))
         _check_upstream_install(settings, entries)
@@ -140,6 +146,16 @@ def _model_entries(settings: Settings) -> list[ModelEntry]:
     try:
         return model_entries(settings)
     except ModelsError as exc:
+        raise ServeError(str(exc)) from None
+
+
+def _check_capture(settings: Settings) -> None:
+    """A capture file that exists (or has no folder) stops start-up before any model loads."""
+    from sluicegate.wiring.capture import CaptureFileError, check_capture_file
+
+    try:
+        check_capture_file(settings.traffic_capture)
+    except CaptureFileError as exc:
         raise ServeError(str(exc)) from None
 
 

@@ -1,16 +1,19 @@
-"""`sluicegate profile check | make | export`: traffic profiles for `sluicegate tune`.
+"""`sluicegate profile check | make | export` (traffic profiles) and `sluicegate tune`.
 
 Exit codes: 0 done; 2 a profile that cannot be tuned on (the line, from 1, and the field are
-named) or a bad argument.
+named) or a bad argument; `tune` also 3 (nothing met the objective) and 1 (a trial gateway
+failed), as `tuning/tune.py` says.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from pathlib import Path
 
+from sluicegate.tuning.access_log import profile_from_access_log
 from sluicegate.tuning.presets import PRESETS, make_preset
 from sluicegate.tuning.profile import MIN_REQUESTS, ProfileError, read_profile
 from sluicegate.tuning.trace_export import replay_command, write_timed_trace
@@ -31,9 +34,63 @@ def add_profile_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     make.add_argument("--rate", type=float, default=2.0, help="mean requests a second")
     make.add_argument("--max-model-len", type=int, default=2048)
     make.add_argument("--seed", type=int, default=0)
+    from_log = actions.add_parser(
+        "from-log", help="a profile from the gateway's JSON access log (no prefix sharing)"
+    )
+    from_log.add_argument("log", type=Path)
+    from_log.add_argument("-o", "--output", type=Path, required=True)
+    from_log.add_argument("--max-model-len", type=int, default=4096)
     export = actions.add_parser("export", help="a profile as vLLM's timed trace")
     export.add_argument("path", type=Path)
     export.add_argument("--timed-trace", type=Path, required=True)
+
+
+def add_tune_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tune = commands.add_parser(
+        "tune", help="tune the engine and admission on a traffic profile (docs/tuning.md)"
+    )
+    tune.add_argument("profile", help="a profile (a capture, `profile make`) or a preset name")
+    tune.add_argument(
+        "--slo", required=True, help="the objective: ttft_p90=2s,itl_p90=300ms (s or ms)"
+    )
+    tune.add_argument("--budget", required=True, help="time the tune may take: 30m, 900s")
+    tune.add_argument("--out", type=Path, help="the output folder (default ./tune-DATE-TIME)")
+    tune.add_argument("--seed", type=int, default=0, help="a preset's seed")
+
+
+def run_tune_command(args: dict[str, object]) -> int:
+    import asyncio
+
+    from sluicegate.tuning.tune import UsageError, plan, run_tune
+
+    try:
+        checked = plan(args)
+    except UsageError as exc:
+        print(f"sluicegate: {exc}", file=sys.stderr)
+        return 2
+
+    async def tune_until_stopped() -> int:
+        # SIGTERM, Ctrl+C and a closed terminal end the tune through its `finally`, which
+        # stops every trial gateway; a second signal while it does is ignored, so that the
+        # stopping finishes (a gateway left frozen would hold its memory for good).
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            if not task.cancelling():
+                print("sluicegate: stopping the tune and its trial gateways", file=sys.stderr)
+                task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop)
+        return await run_tune(checked)
+
+    try:
+        return asyncio.run(tune_until_stopped())
+    except asyncio.CancelledError:
+        print("sluicegate: tune stopped; its trial gateways are stopped", file=sys.stderr)
+        return 130
 
 
 def run_profile(args: dict[str, object]) -> int:
@@ -41,6 +98,8 @@ def run_profile(args: dict[str, object]) -> int:
     try:
         if action == "make":
             return _make(args)
+        if action == "from-log":
+            return _from_log(args)
         path = args["path"]
         assert isinstance(path, Path)
         window = args.get("max_model_len")
@@ -92,4 +151,23 @@ def _make(args: dict[str, object]) -> int:
         print(f"sluicegate: {exc}", file=sys.stderr)
         return 2
     print(f"{output}: {len(profile.requests)} requests over {profile.span:.0f} s")
+    return 0
+
+
+def _from_log(args: dict[str, object]) -> int:
+    log, output, window = args["log"], args["output"], args["max_model_len"]
+    assert isinstance(log, Path) and isinstance(output, Path) and isinstance(window, int)
+    with log.open(encoding="utf-8", errors="replace") as lines:
+        profile = profile_from_access_log(lines, window)
+    if len(profile.requests) < MIN_REQUESTS:
+        print(
+            f"sluicegate: {log}: {len(profile.requests)} engine requests in the access log, "
+            f"fewer than the {MIN_REQUESTS} a tune needs (is LOG_FORMAT json?)",
+            file=sys.stderr,
+        )
+        return 2
+    profile.write(output)
+    print(
+        f"{output}: {len(profile.requests)} requests over {profile.span:.0f} s (no prefix blocks)"
+    )
     return 0

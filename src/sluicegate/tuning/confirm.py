@@ -11,7 +11,7 @@ number of pairs is fixed before the first is run: no peeking.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,13 +40,24 @@ class Confirmation:
         return self.lower_bound > 1.0
 
 
-async def confirm(runner: PairedRunner, today: Config, best: Config, pairs: int) -> Confirmation:
+async def confirm(
+    runner: PairedRunner,
+    today: Config,
+    best: Config,
+    pairs: int,
+    fits: Callable[[], bool] | None = None,
+) -> Confirmation:
+    """`pairs` pairs; with `fits` (whether another pair fits the time left), fewer when the
+    budget runs out, never fewer than 2: the bound, over fewer pairs, is then wider (Student's
+    t for their number), so running short costs confidence, not honesty."""
     if not 2 <= pairs <= len(_T95) + 1:
         raise ValueError(f"pairs between 2 and {len(_T95) + 1}")
     if best == today:
         raise ValueError("the best is today's settings: nothing to confirm")
-    ratios = []
+    ratios: list[float] = []
     for pair in range(pairs):
+        if pair >= 2 and fits is not None and not fits():
+            break
         order = (today, best) if pair % 2 == 0 else (best, today)
         met = {config: await runner.met(config, pair) for config in order}
         ratios.append((met[best] + 0.5) / (met[today] + 0.5))

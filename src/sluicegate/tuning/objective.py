@@ -68,6 +68,9 @@ class Outcome:
     tokens: int = 0
     refused: bool = False
     failed: bool = False
+    rejected: bool = False
+    """Refused as a bad request (a 4xx other than 429): the replay's fault, not the
+    configuration's (a tune stops on it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,111 @@
+"""What `sluicegate tune` searches, for this profile on this host.
+
+Two kinds of knob. The gateway's admission bounds (`ttft_objective`, `max_engine_running`)
+change on a running gateway (`PUT /admin/admission`): trying one costs only its window. The
+engine's (`max_num_seqs`, `max_num_batched_tokens`, prefix caching, the scheduling policy;
+on GPU hosts the memory share and tensor parallelism) need a new engine: a start each.
+
+The grid is coarse and one knob at a time from today's settings (each value a step the
+operator would try by hand), then each engine step with the admission bounds that did best
+in the first stage, against those bounds alone: the search's halving does the rest. Prefix
+caching is searched only when the traffic shares prefixes, the scheduling policy only when it
+carries priorities (it would change nothing otherwise), the GPU knobs only where there are
+GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sluicegate.tuning.profile import Profile
+from sluicegate.tuning.search import Config
+
+ADMISSION_KNOBS = (
+    "ttft_objective",
+    "max_engine_running",
+    "max_engine_waiting",
+    "max_kv_cache_usage",
+)
+"""Bounds a running gateway takes at `PUT /admin/admission`: no restart."""
+ENGINE_KNOBS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "scheduling_policy",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+)
+"""Settings the engine reads at its start: a restart each."""
+
+SEQS = (8, 16, 32, 64)
+BATCHED_TOKENS = (1024, 2048, 4096, 8192)
+RUNNING = (16, 32)
+OBJECTIVE_SHARES = (0.5, 0.75, 1.0)
+"""The gateway's TTFT objective as a share of the tune's TTFT target."""
+GPU_MEMORY = (0.85, 0.9, 0.95)
+
+
+def engine_part(config: Config) -> Config:
+    return Config(tuple((k, v) for k, v in config.knobs if k in ENGINE_KNOBS))
+
+
+def admission_part(config: Config) -> Config:
+    return Config(tuple((k, v) for k, v in config.knobs if k in ADMISSION_KNOBS))
+
+
+def needs_restart(config: Config) -> bool:
+    return bool(engine_part(config).knobs)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    admission: tuple[Config, ...]
+    """Today's settings first, then one admission bound changed each."""
+    engine: tuple[Config, ...]
+    """One engine setting changed each."""
+
+    @classmethod
+    def for_host(
+        cls, profile: Profile, today: Mapping[str, object], ttft_target: float, gpus: int = 0
+    ) -> SearchSpace:
+        """The grid around `today` (today's values by setting name) for `profile` on a host
+        with `gpus` GPUs (0: vLLM's CPU build)."""
+        admission: list[dict[str, object]] = [{}]
+        for share in OBJECTIVE_SHARES:
+            admission.append({"ttft_objective": round(share * ttft_target, 3)})
+        for running in RUNNING:
+            admission.append({"max_engine_running": running})
+        engine: list[dict[str, object]] = []
+        engine += [{"max_num_seqs": n} for n in SEQS]
+        engine += [{"max_num_batched_tokens": n} for n in BATCHED_TOKENS]
+        if profile.shares_prefixes():
+            engine.append({"enable_prefix_caching": not today.get("enable_prefix_caching", True)})
+        if profile.has_priorities():
+            policy = today.get("scheduling_policy", "fcfs")
+            engine.append({"scheduling_policy": "fcfs" if policy == "priority" else "priority"})
+        if gpus:
+            engine += [{"gpu_memory_utilization": share} for share in GPU_MEMORY]
+            engine += [{"tensor_parallel_size": n} for n in range(2, gpus + 1) if gpus % n == 0]
+        return cls(_changed(admission, today), _changed(engine, today))
+
+    def engine_with(self, bounds: Config) -> list[Config]:
+        """The second stage: `bounds` (the first stage's best admission bounds, or today's
+        settings) as they are, then every engine step with them."""
+        extra = dict(bounds.knobs)
+        return list(
+            dict.fromkeys([bounds, *(Config.of({**dict(c.knobs), **extra}) for c in self.engine)])
+        )
+
+
+def _changed(
+    candidates: Iterable[Mapping[str, object]], today: Mapping[str, object]
+) -> tuple[Config, ...]:
+    """The candidates less the knobs at today's value (a step to where one already is is no
+    step), each once; an emptied one is today's settings."""
+    kept: list[Config] = []
+    for candidate in candidates:
+        knobs = {k: v for k, v in candidate.items() if today.get(k) != v}
+        if knobs or not candidate:
+            kept.append(Config.of(knobs))
+    return tuple(dict.fromkeys(kept))
