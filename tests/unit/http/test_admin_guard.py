@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from sluicegate.settings import Settings
 from sluicegate.wire.admin_keys import MAX_AMOUNT, MAX_COST, KeyCreate
 from tests.support.fakes import chat_body, fake_app, serve_in_thread
+from tests.support.loop_probe import PROBE
 
 ADMIN = "sk-admin-0123456789"
 USER = "sk-user-0123456789"
@@ -205,23 +206,6 @@ def test_the_default_admin_limit_is_at_least_a_call_a_second() -> None:
     assert Settings.model_fields["admin_requests_per_minute"].default >= 60
 
 
-# `/health` every `interval` seconds from a process of its own, until the file `stop` exists,
-# then each probe's start (monotonic clock, shared by processes on Linux) and time taken, as
-# JSON: what is timed is the gateway, not this process (as tests/integration/test_loop_lag.py).
-PROBE = """
-import json, os, sys, time
-import httpx
-url, stop, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
-probes = []
-with httpx.Client(base_url=url, timeout=60) as client:
-    print("probing", flush=True)
-    while not os.path.exists(stop):
-        at = time.monotonic()
-        status = client.get("/health").status_code
-        probes.append((at, time.monotonic() - at, status))
-        time.sleep(interval)
-print(json.dumps(probes))
-"""
 SEND = """
 import sys, httpx
 from concurrent.futures import ThreadPoolExecutor
