@@ -26,6 +26,7 @@ def test_defaults_match_the_documented_table() -> None:
     assert (s.data_parallel_size, s.distributed_executor_backend) == (1, None)
     assert s.gpu_memory_utilization == 0.9
     assert (s.max_num_seqs, s.max_num_batched_tokens) == (256, 8192)
+    assert s.long_prefill_token_threshold == 0
     assert s.enable_prefix_caching is True
     assert s.scheduling_policy == "fcfs"
     assert s.dtype == "auto"
@@ -151,6 +152,19 @@ def test_token_budget_defaults_and_refused_values(monkeypatch: pytest.MonkeyPatc
     assert "budget_min_completion_tokens must be below max_model_len" in describe_error(
         caught.value
     )
+
+
+
+def test_a_prefill_bound_past_the_context_window_is_refused_at_start() -> None:
+    """vLLM would refuse it when the engine starts; the gateway says so first."""
+    assert Settings(long_prefill_token_threshold=256).long_prefill_token_threshold == 256
+    with pytest.raises(ValidationError) as caught:
+        Settings(long_prefill_token_threshold=8192, max_model_len=4096)
+    assert "long_prefill_token_threshold must be at most max_model_len" in describe_error(
+        caught.value
+    )
+    with pytest.raises(ValidationError):
+        Settings(long_prefill_token_threshold=-1)
 
 
 def test_runtime_adapters_need_the_folders_they_may_come_from() -> None:

@@ -76,6 +76,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0
+    """At most this many of a prompt's tokens a step (0: no bound of its own)."""
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     enforce_eager: bool | None = None
@@ -133,6 +135,7 @@ def engine_arguments(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         "distributed_executor_backend": config.distributed_executor_backend,
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "enable_prefix_caching": config.enable_prefix_caching,
         "limit_mm_per_prompt": {"image": config.max_images},
         "scheduling_policy": config.scheduling_policy,

@@ -39,6 +39,13 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int = Field(
         default=8192, ge=1, description="Tokens scheduled per step."
     )
+    long_prefill_token_threshold: int = Field(
+        default=0,
+        ge=0,
+        description="At most this many of one prompt's tokens prefilled per step (the rest "
+        "in the next steps), so that a long prompt shares each step with the sequences "
+        "already decoding. 0: no bound but MAX_NUM_BATCHED_TOKENS.",
+    )
     max_model_len: int = Field(
         default=4096, ge=16, description="Context window: prompt plus completion tokens."
     )
@@ -75,5 +82,10 @@ class EngineSettings(BaseModel):
             raise ValueError(
                 "max_num_batched_tokens must be at least max_num_seqs "
                 f"({self.max_num_batched_tokens} < {self.max_num_seqs})"
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ValueError(
+                "long_prefill_token_threshold must be at most max_model_len "
+                f"({self.long_prefill_token_threshold} > {self.max_model_len})"
             )
         return self

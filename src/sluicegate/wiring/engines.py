@@ -49,6 +49,7 @@ def engine_config(settings: Settings, model: str) -> EngineConfig:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
+        long_prefill_token_threshold=settings.long_prefill_token_threshold,
         enable_prefix_caching=settings.enable_prefix_caching,
         scheduling_policy=settings.scheduling_policy,
         enforce_eager=settings.enforce_eager,

@@ -220,3 +220,23 @@ def test_the_engines_own_times_come_once_it_has_a_first_token() -> None:
         10.5 + _MONOTONIC_TO_PERF,
         11.25 + _MONOTONIC_TO_PERF,
     )
+
+
+def test_the_scheduler_settings_reach_vllms_own_engine_arguments() -> None:
+    """MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS and LONG_PREFILL_TOKEN_THRESHOLD (what `sluicegate
+    tune` searches) go to vLLM under its own names."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from sluicegate.engine.vllm_engine import engine_arguments
+    from sluicegate.settings import Settings
+    from sluicegate.wiring.engines import engine_config
+
+    settings = Settings(max_num_seqs=16, max_num_batched_tokens=512, long_prefill_token_threshold=128)
+    arguments = engine_arguments(engine_config(settings, "m"), on_gpu=False)
+    names = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold")
+    assert [arguments[name] for name in names] == [16, 512, 128]
+    assert set(names) <= {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    default = engine_arguments(engine_config(Settings(), "m"), on_gpu=False)
+    assert default["long_prefill_token_threshold"] == 0
