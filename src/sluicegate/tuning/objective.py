@@ -88,6 +88,29 @@ class Score:
     """Output tokens per offered second."""
     refused: int
     failed: int
+    met: int
+    """Requests that met the objective."""
+    requests: int
+    """Requests judged."""
+
+    @property
+    def misses(self) -> int:
+        return self.requests - self.met
+
+
+def plausible_misses(requests: int, attainment: float = 0.9, level: float = 0.95) -> int:
+    """The most misses a configuration that meets the objective for `attainment` of its
+    requests shows on `requests` of them, in `level` of runs: the 95% quantile of the
+    binomial (4 of 40 is what such a configuration misses on average; it misses 7 or fewer in
+    19 runs of 20). Past it, a run says with that confidence that the configuration cannot
+    meet the objective; at or under it, a short run cannot tell it from one that does."""
+    miss = 1.0 - attainment
+    seen = 0.0
+    for k in range(requests + 1):
+        seen += math.comb(requests, k) * miss**k * attainment ** (requests - k)
+        if seen >= level - 1e-12:
+            return k
+    return requests
 
 
 def score(outcomes: Sequence[Outcome], objective: Objective, offered_seconds: float) -> Score:
@@ -108,6 +131,8 @@ def score(outcomes: Sequence[Outcome], objective: Objective, offered_seconds: fl
         throughput=sum(o.tokens for o in outcomes) / offered_seconds,
         refused=sum(o.refused for o in outcomes),
         failed=sum(o.failed for o in outcomes),
+        met=met,
+        requests=len(outcomes),
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sluicegate.settings import ENV_PREFIX, Settings
 from sluicegate.tuning.objective import Objective, Score
-from sluicegate.tuning.search import FEASIBLE_ATTAINMENT, Config, Trial
+from sluicegate.tuning.search import Config, Trial, consistent
 
 STAGES = ("search", "confirm")
 ARMS = ("trial", "today", "candidate")
@@ -73,8 +73,9 @@ class Row:
 
     @property
     def feasible(self) -> bool:
-        """As `search.Trial.feasible`: whole, and meeting the objective often enough."""
-        return not self.stopped_early and self.score.attainment >= FEASIBLE_ATTAINMENT
+        """As `search.Trial.feasible`: whole, and its misses as few as a configuration
+        meeting the objective could show."""
+        return not self.stopped_early and consistent(self.score)
 
     @property
     def offered_rps(self) -> float:

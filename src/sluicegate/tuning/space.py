@@ -2,13 +2,15 @@
 
 Two kinds of knob. The gateway's admission bounds (`ttft_objective`, `max_engine_running`)
 change on a running gateway (`PUT /admin/admission`): trying one costs only its window. The
-engine's (`max_num_seqs`, `max_num_batched_tokens`, prefix caching, the scheduling policy;
-on GPU hosts the memory share and tensor parallelism) need a new engine: a start each.
+engine's (`max_num_seqs`, `max_num_batched_tokens`, `long_prefill_token_threshold`, prefix
+caching, the scheduling policy; on GPU hosts the memory share and tensor parallelism) need a
+new engine: a start each.
 
 The grid is coarse and one knob at a time from today's settings (each value a step the
-operator would try by hand), then each engine step with the admission bounds that did best
-in the first stage, against those bounds alone: the search's halving does the rest. Prefix
-caching is searched only when the traffic shares prefixes, the scheduling policy only when it
+operator would try by hand; one step of every knob before a second of any), then each engine step with the admission bounds that did best
+in the first stage, against those bounds alone: the search's halving does the rest. A bound
+on one prompt's tokens a step is searched only below the traffic's longest prompt (above it,
+it bounds nothing), prefix caching only when the traffic shares prefixes, the scheduling policy only when it
 carries priorities (it would change nothing otherwise), the GPU knobs only where there are
 GPUs.
 """
@@ -31,6 +33,7 @@ ADMISSION_KNOBS = (
 ENGINE_KNOBS = (
     "max_num_seqs",
     "max_num_batched_tokens",
+    "long_prefill_token_threshold",
     "enable_prefix_caching",
     "scheduling_policy",
     "gpu_memory_utilization",
@@ -40,6 +43,9 @@ ENGINE_KNOBS = (
 
 SEQS = (8, 16, 32, 64)
 BATCHED_TOKENS = (1024, 2048, 4096, 8192)
+LONG_PREFILL = (128, 256, 512)
+"""`long_prefill_token_threshold`: a long prompt prefilled this many tokens a step, so that
+the streams already decoding are not held up by it for a whole prefill."""
 RUNNING = (16, 32)
 OBJECTIVE_SHARES = (0.5, 0.75, 1.0)
 """The gateway's TTFT objective as a share of the tune's TTFT target."""
@@ -76,18 +82,27 @@ class SearchSpace:
             admission.append({"ttft_objective": round(share * ttft_target, 3)})
         for running in RUNNING:
             admission.append({"max_engine_running": running})
-        engine: list[dict[str, object]] = []
-        engine += [{"max_num_seqs": n} for n in SEQS]
-        engine += [{"max_num_batched_tokens": n} for n in BATCHED_TOKENS]
+        longest = max((r.input_tokens for r in profile.requests), default=0)
+        knobs: list[list[dict[str, object]]] = [
+            [{"max_num_seqs": n} for n in SEQS],
+            [{"max_num_batched_tokens": n} for n in BATCHED_TOKENS],
+            [{"long_prefill_token_threshold": n} for n in LONG_PREFILL if n < longest],
+        ]
         if profile.shares_prefixes():
-            engine.append({"enable_prefix_caching": not today.get("enable_prefix_caching", True)})
+            knobs.append([{"enable_prefix_caching": not today.get("enable_prefix_caching", True)}])
         if profile.has_priorities():
             policy = today.get("scheduling_policy", "fcfs")
-            engine.append({"scheduling_policy": "fcfs" if policy == "priority" else "priority"})
+            knobs.append([{"scheduling_policy": "fcfs" if policy == "priority" else "priority"}])
         if gpus:
-            engine += [{"gpu_memory_utilization": share} for share in GPU_MEMORY]
-            engine += [{"tensor_parallel_size": n} for n in range(2, gpus + 1) if gpus % n == 0]
-        return cls(_changed(admission, today), _changed(engine, today))
+            knobs.append([{"gpu_memory_utilization": share} for share in GPU_MEMORY])
+            knobs.append(
+                [{"tensor_parallel_size": n} for n in range(2, gpus + 1) if gpus % n == 0]
+            )
+        # One step of each knob before a second of any: a budget that runs out within the
+        # first window has tried every knob once, not one knob's every value.
+        steps = [[c for c in _changed(values, today) if c.knobs] for values in knobs]
+        engine = [s[i] for i in range(max(map(len, steps))) for s in steps if i < len(s)]
+        return cls(_changed(admission, today), tuple(engine))
 
     def engine_with(self, bounds: Config) -> list[Config]:
         """The second stage: `bounds` (the first stage's best admission bounds, or today's

@@ -11,8 +11,9 @@ each change of arm).
 A trial replays one window of the search's traffic: the busiest 20, 40 and 80 s (rungs 0, 1,
 2; at least 40, 80, 160 requests), each request's prompt drawn anew (a new salt a run) so
 that no run finds the last one's prompts in the prefix cache, and every request cut at the
-window's end plus `DRAIN`. It stops as soon as more requests have missed than the objective
-allows (a tenth of the window's): that configuration cannot win. A new gateway answers
+window's end plus `DRAIN`. It stops as soon as more requests have missed than a configuration
+meeting the objective would miss in 19 runs of 20 (7 of 40, 13 of 80, 22 of 160:
+`objective.plausible_misses`): that configuration cannot win. A new gateway answers
 `WARM_UP` short requests before it is measured, and after each run a gateway is left to
 finish what it was doing. A candidate that does not start, or dies, is a failed trial (all
 its requests missed); today's failing ends the tune.
@@ -20,7 +21,6 @@ its requests missed); today's failing ends the tune.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sluicegate.tuning.gateways import GatewayFailed
-from sluicegate.tuning.objective import Objective, Outcome, score
+from sluicegate.tuning.objective import Objective, Outcome, plausible_misses, score
 from sluicegate.tuning.outputs import Row
 from sluicegate.tuning.profile import Profile, Request
 from sluicegate.tuning.prompts import PromptMaker
@@ -52,9 +52,9 @@ and fail, past the window plus this)."""
 
 
 def allowed_misses(requests: int) -> int:
-    """Misses a run of `requests` may have and still meet the objective (attainment at least
-    `FEASIBLE_ATTAINMENT`), in whole requests."""
-    return requests - math.ceil(round(FEASIBLE_ATTAINMENT * requests, 9))
+    """Misses a run of `requests` may have and still be judged able to meet the objective
+    (`search.consistent`)."""
+    return plausible_misses(requests, FEASIBLE_ATTAINMENT)
 
 
 def note(text: str) -> None:

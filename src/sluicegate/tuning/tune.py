@@ -177,6 +177,7 @@ class Progress:
         print(
             f"[{what}] {kind} {row.config.label()} | goodput {row.score.goodput:.2f}/s "
             f"attain {row.score.attainment:.0%}{' stopped early' if row.stopped_early else ''}"
+            f" (P90 TTFT {row.score.ttft_p90:.2f} s, P90 ITL {row.score.itl_p90 * 1000:.0f} ms)"
             f" | {int(left // 60)}m{int(left % 60):02d}s left",
             file=sys.stderr,
             flush=True,

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from sluicegate.tuning.objective import Objective, Outcome, parse_duration, percentile, score
+from sluicegate.tuning.objective import (
+    Objective,
+    Outcome,
+    parse_duration,
+    percentile,
+    plausible_misses,
+    score,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,11 +63,24 @@ def test_goodput_counts_misses_of_every_kind() -> None:
     ]
     result = score(outcomes, objective, offered_seconds=10.0)
     assert result.goodput == pytest.approx(0.2) and result.attainment == pytest.approx(2 / 6)
-    assert (result.refused, result.failed) == (1, 2)
+    assert (result.refused, result.failed, result.met, result.requests) == (1, 2, 2, 6)
     assert result.throughput == pytest.approx(0.8)
     assert (result.ttft_p50, result.ttft_p90) == (0.5, 1.5)
     nothing = score([Outcome(None, refused=True)], objective, 1.0)
     assert nothing.goodput == 0 and nothing.ttft_p90 == math.inf
+
+
+
+def test_the_misses_a_configuration_meeting_the_objective_may_show() -> None:
+    """The 95% quantile of the binomial: one meeting it for 90% of its requests misses 4 of
+    40 on average, and more than 7 in fewer than one run of 20."""
+    assert [plausible_misses(n) for n in (10, 40, 80, 160)] == [3, 7, 13, 22]
+    for n in (10, 40, 80, 160):
+        k = plausible_misses(n)
+        tail = sum(math.comb(n, j) * 0.1**j * 0.9 ** (n - j) for j in range(k + 1, n + 1))
+        short = sum(math.comb(n, j) * 0.1**j * 0.9 ** (n - j) for j in range(k, n + 1))
+        assert tail <= 0.05 < short, n
+    assert plausible_misses(40, attainment=1.0) == 0
 
 
 def test_percentiles_are_nearest_rank() -> None:

@@ -30,9 +30,9 @@ from sluicegate.tuning.outputs import (
 )
 from sluicegate.tuning.search import Config, Trial
 
-SCORE = Score(3.5, 0.95, 0.4, 0.9, 1.7, 0.05, 250.0, 1, 0)
-WEAK = Score(2.0, 0.6, 1.5, 2.6, 4.0, 0.12, 180.0, 0, 2)
-SILENT = Score(0.0, 0.0, math.inf, math.inf, math.inf, 0.0, 0.0, 0, 12)
+SCORE = Score(3.5, 0.95, 0.4, 0.9, 1.7, 0.05, 250.0, 1, 0, 38, 40)
+WEAK = Score(2.0, 0.6, 1.5, 2.6, 4.0, 0.12, 180.0, 0, 2, 24, 40)
+SILENT = Score(0.0, 0.0, math.inf, math.inf, math.inf, 0.0, 0.0, 0, 12, 0, 12)
 """Nothing answered."""
 TODAY = Config()
 BEST = Config.of({"max_num_seqs": 32, "enable_prefix_caching": False})

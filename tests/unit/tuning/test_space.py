@@ -11,6 +11,7 @@ from sluicegate.tuning.space import SearchSpace, admission_part, engine_part, ne
 TODAY: dict[str, object] = {
     "max_num_seqs": 256,
     "max_num_batched_tokens": 8192,
+    "long_prefill_token_threshold": 0,
     "enable_prefix_caching": True,
     "scheduling_policy": "fcfs",
     "ttft_objective": None,
@@ -20,11 +21,11 @@ TODAY: dict[str, object] = {
 }
 
 
-def profile(shared: bool, priorities: bool) -> Profile:
+def profile(shared: bool, priorities: bool, longest: int = 64) -> Profile:
     requests = [
         Request(
             float(i),
-            64,
+            longest if i == 7 else 64,
             8,
             8,
             True,
@@ -64,6 +65,14 @@ def test_engine_knobs_follow_the_traffic_and_the_host() -> None:
     assert {c.get("gpu_memory_utilization") for c in gpu.engine} - {None} == {0.85, 0.95}
 
 
+def test_a_prefill_bound_is_searched_only_below_the_longest_prompt() -> None:
+    """Above every prompt's length, `long_prefill_token_threshold` would bound nothing."""
+    for longest, bounds in ((64, set()), (256, {128}), (600, {128, 256, 512})):
+        space = SearchSpace.for_host(profile(False, False, longest), TODAY, 2.0)
+        found = {c.get("long_prefill_token_threshold") for c in space.engine} - {None}
+        assert found == bounds, longest
+
+
 def test_a_step_to_todays_value_is_no_step() -> None:
     today = {**TODAY, "max_num_seqs": 32, "max_num_batched_tokens": 2048}
     space = SearchSpace.for_host(profile(False, False), today, 2.0)
@@ -81,3 +90,17 @@ def test_the_second_stage_keeps_the_first_stages_bounds_on_every_engine_step() -
     assert [engine_part(c) for c in configs[1:]] == list(space.engine)
     assert {admission_part(c) for c in configs} == {bounds}
     assert space.engine_with(Config())[0] == Config()
+
+
+def test_every_knob_gets_a_step_before_any_gets_a_second() -> None:
+    """A budget that runs out in the first window has tried each knob once."""
+    space = SearchSpace.for_host(profile(True, True, longest=600), TODAY, 2.0)
+    first = [name for config in space.engine[:5] for name, _ in config.knobs]
+    assert first == [
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "long_prefill_token_threshold",
+        "enable_prefix_caching",
+        "scheduling_policy",
+    ]
+    assert [c.get("max_num_seqs") for c in space.engine if c.get("max_num_seqs")] == [8, 16, 32, 64]

@@ -85,7 +85,8 @@ async def test_an_engine_trial_gets_its_own_gateway_and_today_waits_frozen() -> 
 
 async def test_a_trial_that_can_no_longer_meet_the_objective_stops_early() -> None:
     # Every answer takes about 0.3 s to start, the objective wants 0.05 s: each request misses,
-    # and past 3 misses of 30 the trial is stopped with most of its window never sent.
+    # and past 6 misses of 30 (`plausible_misses`) the trial is stopped with most of its
+    # window never sent.
     with gateways(FakeEngine(delays=[0.3, 0.0, 0.0])) as (today,):
         runner = trials(today, [], Objective(0.05, 5.0))
         trial = await runner.run(Config(), 0)
@@ -146,8 +147,8 @@ def test_the_work_not_done_is_read_off_the_metrics() -> None:
     assert busy("") == 0.0
 
 
-def test_a_run_may_miss_a_tenth_of_its_requests_and_no_more() -> None:
-    assert [allowed_misses(n) for n in (9, 10, 40, 80, 160, 41)] == [0, 1, 4, 8, 16, 4]
+def test_a_run_stops_past_the_misses_a_configuration_meeting_the_objective_may_show() -> None:
+    assert [allowed_misses(n) for n in (9, 10, 40, 80, 160, 41)] == [3, 3, 7, 13, 22, 7]
 
 
 async def test_a_candidate_that_does_not_start_is_a_failed_trial_and_today_goes_on() -> None:
