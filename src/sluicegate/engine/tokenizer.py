@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
@@ -35,6 +35,10 @@ INLINE_LIMIT_CHARS = 2048
 # short messages is work too.
 MESSAGE_WEIGHT_CHARS = 64
 COUNT_BATCH = 2048
+COUNT_BATCH_CHARS = 256 * 1024
+"""Texts counted in one call to the tokenizer's core, at most (and at most this many
+characters, but for one longer text alone): its encodings are made without the GIL, but
+turned into Python objects and freed with it, for as long as they are large."""
 # In a prompt that cannot fit, contents longer than this are bounded by their length, not
 # tokenized (`_bounded_encoding`).
 BOUNDED_CONTENT_CHARS = 64 * 1024
@@ -307,10 +311,10 @@ class HFPromptTokenizer:
             # In batches: turning one batch's encodings into Python objects holds the GIL,
             # and so the event loop, for as long as the batch is large.
             counts: list[int] = []
-            for start in range(0, len(texts), COUNT_BATCH):
-                batch = list(texts[start : start + COUNT_BATCH])
+            for batch in count_batches(texts):
                 encodings = self._backend.encode_batch(batch, add_special_tokens=False)
                 counts.extend(len(e) for e in encodings)
+                del encodings
             return counts
         return [
             len(ids) for ids in self._tokenizer(list(texts), add_special_tokens=False)["input_ids"]
@@ -321,6 +325,21 @@ class HFPromptTokenizer:
             return fn(*args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
+
+
+def count_batches(texts: Sequence[str]) -> Iterator[list[str]]:
+    """`texts` in order, in batches of at most `COUNT_BATCH` texts and `COUNT_BATCH_CHARS`
+    characters (a longer text in a batch of its own)."""
+    batch: list[str] = []
+    chars = 0
+    for text in texts:
+        if batch and (len(batch) == COUNT_BATCH or chars + len(text) > COUNT_BATCH_CHARS):
+            yield batch
+            batch, chars = [], 0
+        batch.append(text)
+        chars += len(text)
+    if batch:
+        yield batch
 
 
 def _chat_size(messages: ChatMessages, tools: Tools | None = None) -> int:

@@ -5,7 +5,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-from sluicegate.engine.tokenizer import HFPromptTokenizer
+from sluicegate.engine.tokenizer import (
+    COUNT_BATCH,
+    COUNT_BATCH_CHARS,
+    HFPromptTokenizer,
+    count_batches,
+)
 
 
 class SlowTokenizer:
@@ -57,3 +62,24 @@ async def test_short_prompts_are_encoded_inline() -> None:
     assert await tokenizer.encode("a bb") == [1, 2]
     assert slow.threads[-1] == threading.current_thread().name
     tokenizer.close()
+
+
+def test_counts_are_made_in_batches_bounded_in_characters() -> None:
+    """2,000 texts of 4 KB are not one call (its encodings, 1.8M tokens, would be made into
+    Python objects and freed holding the GIL); order is kept, a long text goes alone."""
+    texts = [f"{i} " + "x" * 4000 for i in range(2000)]
+    batches = list(count_batches(texts))
+    assert [t for batch in batches for t in batch] == texts
+    assert all(sum(map(len, batch)) <= COUNT_BATCH_CHARS for batch in batches)
+    assert max(map(len, batches)) < COUNT_BATCH
+    long = "y" * (COUNT_BATCH_CHARS + 1)
+    assert list(count_batches(["a", long, "b"])) == [["a"], [long], ["b"]]
+    assert list(count_batches(["a"] * (COUNT_BATCH + 1))) == [["a"] * COUNT_BATCH, ["a"]]
+    assert list(count_batches([])) == []
+
+
+def test_batched_counts_are_the_tokenizers_own(hf_tokenizer: HFPromptTokenizer) -> None:
+    texts = [f"Sentence number {i} of many. " * (i % 40 + 1) for i in range(3000)]
+    tokenizer = hf_tokenizer.hf_tokenizer
+    expected = [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    assert hf_tokenizer._count_sync(texts) == expected
