@@ -11,6 +11,8 @@ tests/conftest.py), and every other; each lane's engines compute on a core of th
 lane's output is printed whole when it ends.
 
 Every tier runs even when an earlier one fails; the exit status is the first failure's.
+The failures' summary lines (pytest's `FAILED ...` and `ERROR ...`, each with its message's
+first line) are printed again after the table, last, where a log cut in its middle keeps them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Running:
     output: Path
     started: float
     seconds: float = 0.0
+    failures: tuple[str, ...] = ()
 
 
 def start(lane: Lane, index: int, lanes: int, workers: str, extra: list[str]) -> Running:
@@ -69,10 +72,22 @@ def start(lane: Lane, index: int, lanes: int, workers: str, extra: list[str]) ->
     return Running(lane, process, output, time.monotonic())
 
 
-def run_tier(name: str, workers: str, extra: list[str]) -> list[tuple[str, int, float]]:
+SUMMARY_LINE_CHARS = 1500
+
+
+def failure_lines(output: str) -> tuple[str, ...]:
+    """pytest's short summary of what failed or errored, a line each, cut to
+    `SUMMARY_LINE_CHARS`."""
+    return tuple(
+        line[:SUMMARY_LINE_CHARS]
+        for line in output.splitlines()
+        if line.startswith(("FAILED ", "ERROR "))
+    )
+
+
+def run_tier(name: str, workers: str, extra: list[str]) -> list[Running]:
     lanes = TIERS[name]
     running = [start(lane, i, len(lanes), workers, extra) for i, lane in enumerate(lanes)]
-    results = []
     pending = list(running)
     while pending:
         for lane in list(pending):
@@ -81,14 +96,13 @@ def run_tier(name: str, workers: str, extra: list[str]) -> list[tuple[str, int, 
             pending.remove(lane)
             lane.seconds = time.monotonic() - lane.started
             print(f"\n== {lane.lane.name}: ended with {lane.process.returncode}", flush=True)
-            sys.stdout.write(lane.output.read_text(errors="replace"))
+            text = lane.output.read_text(errors="replace")
+            sys.stdout.write(text)
             sys.stdout.flush()
+            lane.failures = failure_lines(text)
             lane.output.unlink()
         time.sleep(0.5)
-    for lane in running:
-        code = lane.process.returncode
-        results.append((lane.lane.name, 0 if code == NO_TESTS else code, lane.seconds))
-    return results
+    return running
 
 
 def main() -> int:
@@ -107,14 +121,22 @@ def main() -> int:
     args = parser.parse_args(argv[:split])
     extra = argv[split + 1 :]
     rows: list[tuple[str, str, int, float]] = []
+    failures: list[str] = []
     for name in args.tiers:
         workers = args.integration_workers if name == "integration" else args.workers
         started = time.monotonic()
         lanes = run_tier(name, workers, extra)
         wall = time.monotonic() - started
-        rows += [(name, lane, code, seconds) for lane, code, seconds in lanes]
+        codes = [
+            0 if lane.process.returncode == NO_TESTS else lane.process.returncode for lane in lanes
+        ]
+        rows += [
+            (name, lane.lane.name, code, lane.seconds)
+            for lane, code in zip(lanes, codes, strict=True)
+        ]
         if len(lanes) > 1:
-            rows.append((name, "(side by side)", next((c for _, c, _ in lanes if c), 0), wall))
+            rows.append((name, "(side by side)", next((c for c in codes if c), 0), wall))
+        failures += [f"[{lane.lane.name}] {line}" for lane in lanes for line in lane.failures]
     print("\n| tier | lane | result | minutes |\n|---|---|---|---|")
     total = 0.0
     for name, lane, code, seconds in rows:
@@ -125,6 +147,8 @@ def main() -> int:
         tier_rows = [r for r in rows if r[0] == name]
         total += tier_rows[-1][3]
     print(f"| all | | | {total / 60:.1f} |", flush=True)
+    if failures:
+        print("\nfailures:", *failures, sep="\n", flush=True)
     return next((code for *_, code, _ in rows if code), 0)
 
 
