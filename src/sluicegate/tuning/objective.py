@@ -58,6 +58,16 @@ class Objective:
             return False
         return not gaps or percentile(gaps, 90) <= self.itl
 
+    def missed_by(self, outcome: Outcome) -> str | None:
+        """Why `outcome` missed: `start` (its first token late or never: refused, failed,
+        timed out), `stream` (in time, but its gaps too long), or None: it met the
+        objective."""
+        if outcome.failed or outcome.refused or outcome.ttft is None or outcome.ttft > self.ttft:
+            return "start"
+        if outcome.gaps and percentile(outcome.gaps, 90) > self.itl:
+            return "stream"
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -92,6 +102,11 @@ class Score:
     """Requests that met the objective."""
     requests: int
     """Requests judged."""
+    slow_starts: int = 0
+    """Misses whose first token came late or never (refused and failed included), of the
+    requests heard from."""
+    slow_streams: int = 0
+    """Misses that began in time but whose gaps between tokens were too long."""
 
     @property
     def misses(self) -> int:
@@ -113,11 +128,17 @@ def plausible_misses(requests: int, attainment: float = 0.9, level: float = 0.95
     return requests
 
 
-def score(outcomes: Sequence[Outcome], objective: Objective, offered_seconds: float) -> Score:
-    """The trial's score over `offered_seconds` of replayed traffic. Percentiles of TTFT are
-    over the requests that answered; a request that did not counts as a miss."""
+def score(
+    heard: Sequence[Outcome], objective: Objective, offered_seconds: float, unheard: int = 0
+) -> Score:
+    """The trial's score over `offered_seconds` of replayed traffic: the requests `heard`
+    from, and `unheard` more that a run stopped early never sent or never ended (misses, as
+    failed, of no known cause). Percentiles of TTFT are over the requests that answered; a
+    request that did not counts as a miss."""
+    outcomes = [*heard, *([Outcome(None, failed=True)] * unheard)]
     if not outcomes or offered_seconds <= 0:
         raise ValueError("a score needs outcomes over some time")
+    causes = [objective.missed_by(o) for o in heard]
     met = sum(not (o.failed or o.refused) and objective.met_by(o.ttft, o.gaps) for o in outcomes)
     ttfts = [o.ttft for o in outcomes if o.ttft is not None]
     itls = [percentile(o.gaps, 90) for o in outcomes if o.gaps]
@@ -133,6 +154,8 @@ def score(outcomes: Sequence[Outcome], objective: Objective, offered_seconds: fl
         failed=sum(o.failed for o in outcomes),
         met=met,
         requests=len(outcomes),
+        slow_starts=causes.count("start"),
+        slow_streams=causes.count("stream"),
     )
 
 

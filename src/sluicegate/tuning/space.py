@@ -7,12 +7,14 @@ caching, the scheduling policy; on GPU hosts the memory share and tensor paralle
 new engine: a start each.
 
 The grid is coarse and one knob at a time from today's settings (each value a step the
-operator would try by hand; one step of every knob before a second of any), then each engine step with the admission bounds that did best
-in the first stage, against those bounds alone: the search's halving does the rest. A bound
+operator would try by hand; one step of every knob before a second of any), then each engine
+step with the admission bounds that did best in the first stage, against those bounds alone:
+the search's halving does the rest. When today's misses were mostly streams too slow rather
+than first tokens too late, the steps that bound a step's work go first (`SMOOTHING`). A bound
 on one prompt's tokens a step is searched only below the traffic's longest prompt (above it,
-it bounds nothing), prefix caching only when the traffic shares prefixes, the scheduling policy only when it
-carries priorities (it would change nothing otherwise), the GPU knobs only where there are
-GPUs.
+it bounds nothing), prefix caching only when the traffic shares prefixes, the scheduling
+policy only when it carries priorities (it would change nothing otherwise), the GPU knobs
+only where there are GPUs.
 """
 
 from __future__ import annotations
@@ -64,12 +66,21 @@ def needs_restart(config: Config) -> bool:
     return bool(engine_part(config).knobs)
 
 
+SMOOTHING = ("long_prefill_token_threshold", "max_num_batched_tokens", "max_num_seqs")
+"""The engine knobs that bound a step's work, so that no stream waits long for its next
+token, in the order of what they cost the others' first tokens: a prefill bound delays only
+long prompts, a token bound every prefill, a sequence bound every request."""
+
+
 @dataclass(frozen=True, slots=True)
 class SearchSpace:
     admission: tuple[Config, ...]
     """Today's settings first, then one admission bound changed each."""
     engine: tuple[Config, ...]
-    """One engine setting changed each."""
+    """One engine setting changed each, one step of every knob before a second of any."""
+    smoothing_first: tuple[Config, ...] = ()
+    """The same steps, those that make a step's work smaller than today's first
+    (`SMOOTHING`, in its order): for traffic whose misses are streams too slow."""
 
     @classmethod
     def for_host(
@@ -95,22 +106,42 @@ class SearchSpace:
             knobs.append([{"scheduling_policy": "fcfs" if policy == "priority" else "priority"}])
         if gpus:
             knobs.append([{"gpu_memory_utilization": share} for share in GPU_MEMORY])
-            knobs.append(
-                [{"tensor_parallel_size": n} for n in range(2, gpus + 1) if gpus % n == 0]
-            )
-        # One step of each knob before a second of any: a budget that runs out within the
-        # first window has tried every knob once, not one knob's every value.
+            knobs.append([{"tensor_parallel_size": n} for n in range(2, gpus + 1) if gpus % n == 0])
         steps = [[c for c in _changed(values, today) if c.knobs] for values in knobs]
-        engine = [s[i] for i in range(max(map(len, steps))) for s in steps if i < len(s)]
-        return cls(_changed(admission, today), tuple(engine))
+        engine = _interleaved(steps)
+        smaller = [[c for c in engine if _smaller(c, name, today)] for name in SMOOTHING]
+        first = _interleaved(smaller)
+        smoothing_first = first + tuple(c for c in engine if c not in first)
+        return cls(_changed(admission, today), engine, smoothing_first)
 
-    def engine_with(self, bounds: Config) -> list[Config]:
+    def engine_with(self, bounds: Config, slow_streams: bool = False) -> list[Config]:
         """The second stage: `bounds` (the first stage's best admission bounds, or today's
-        settings) as they are, then every engine step with them."""
+        settings) as they are, then every engine step with them; with `slow_streams` (today's
+        misses were mostly streams too slow, not first tokens too late), the steps that bound
+        a step's work first."""
         extra = dict(bounds.knobs)
+        steps = self.smoothing_first if slow_streams else self.engine
         return list(
-            dict.fromkeys([bounds, *(Config.of({**dict(c.knobs), **extra}) for c in self.engine)])
+            dict.fromkeys([bounds, *(Config.of({**dict(c.knobs), **extra}) for c in steps)])
         )
+
+
+def _interleaved(families: list[list[Config]]) -> tuple[Config, ...]:
+    """One step of each knob before a second of any: a budget that runs out within the first
+    window has tried every knob once, not one knob's every value."""
+    longest = max(map(len, families), default=0)
+    return tuple(f[i] for i in range(longest) for f in families if i < len(f))
+
+
+def _smaller(config: Config, name: str, today: Mapping[str, object]) -> bool:
+    """Whether `config` sets `name` below today's value (a prefill bound where today has
+    none counts)."""
+    value, now = config.get(name), today.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    if name == "long_prefill_token_threshold" and not now:
+        return True
+    return isinstance(now, int) and value < now
 
 
 def _changed(

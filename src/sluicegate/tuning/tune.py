@@ -135,6 +135,13 @@ def today_values(settings: Settings) -> dict[str, object]:
     return {name: getattr(settings, name) for name in (*ENGINE_KNOBS, *ADMISSION_KNOBS)}
 
 
+def streams_missed(trials: Sequence[Trial]) -> bool:
+    """Whether today's settings, on the first window, missed more requests by streams too slow
+    than by first tokens too late (then the engine steps that bound a step's work go first)."""
+    today = next((t for t in trials if t.config == Config() and t.window == 0), None)
+    return today is not None and today.score.slow_streams > today.score.slow_starts
+
+
 def gpu_count() -> int:
     return len(glob.glob("/dev/nvidia[0-9]*"))
 
@@ -248,9 +255,8 @@ async def run_tune(
         )  # fmt: skip
         searched += first.trials
         bounds = first.best if first.best is not None else Config()
-        second = await search(
-            trials, space.engine_with(bounds), len(WINDOWS), budget, reserve=reserve
-        )
+        steps = space.engine_with(bounds, slow_streams=streams_missed(first.trials))
+        second = await search(trials, steps, len(WINDOWS), budget, reserve=reserve)
         searched += second.trials
         best = second.best if second.best is not None else first.best
         if best is not None and best != Config():

@@ -64,11 +64,26 @@ def test_goodput_counts_misses_of_every_kind() -> None:
     result = score(outcomes, objective, offered_seconds=10.0)
     assert result.goodput == pytest.approx(0.2) and result.attainment == pytest.approx(2 / 6)
     assert (result.refused, result.failed, result.met, result.requests) == (1, 2, 2, 6)
+    assert (result.slow_starts, result.slow_streams) == (4, 0)
     assert result.throughput == pytest.approx(0.8)
     assert (result.ttft_p50, result.ttft_p90) == (0.5, 1.5)
     nothing = score([Outcome(None, refused=True)], objective, 1.0)
     assert nothing.goodput == 0 and nothing.ttft_p90 == math.inf
 
+
+def test_each_miss_has_its_cause_and_the_unheard_have_none() -> None:
+    objective = Objective(1.0, 0.2)
+    assert objective.missed_by(Outcome(0.5, (0.1, 0.1, 0.3))) == "stream"  # nearest rank: 0.3
+    assert objective.missed_by(Outcome(0.5, (0.1,) * 9 + (0.3,))) is None
+    assert objective.missed_by(Outcome(0.5, (0.1,) * 8 + (0.3, 0.3))) == "stream"
+    assert objective.missed_by(Outcome(1.5, (0.1,))) == "start"
+    assert objective.missed_by(Outcome(None, refused=True)) == "start"
+    assert objective.missed_by(Outcome(0.5, (0.5,), failed=True)) == "start"
+    heard = [Outcome(0.5, (0.1,)), Outcome(0.5, (0.5,)), Outcome(2.0, (0.1,))]
+    result = score(heard, objective, offered_seconds=5.0, unheard=3)
+    assert (result.met, result.requests, result.failed) == (1, 6, 3)
+    assert (result.slow_starts, result.slow_streams) == (1, 1)
+    assert result.misses == 5
 
 
 def test_the_misses_a_configuration_meeting_the_objective_may_show() -> None:

@@ -104,3 +104,32 @@ def test_every_knob_gets_a_step_before_any_gets_a_second() -> None:
         "scheduling_policy",
     ]
     assert [c.get("max_num_seqs") for c in space.engine if c.get("max_num_seqs")] == [8, 16, 32, 64]
+
+
+def test_slow_streams_put_the_steps_that_bound_a_steps_work_first() -> None:
+    """The prefill bound (it delays only long prompts), then fewer tokens a step, then fewer
+    sequences; every step still tried, each once."""
+    space = SearchSpace.for_host(profile(True, False, longest=600), TODAY, 2.0)
+    bounds = Config.of({"ttft_objective": 1.5})
+    smoothing = space.engine_with(bounds, slow_streams=True)
+    assert smoothing[0] == bounds
+    assert [engine_part(c) for c in smoothing[1:4]] == [
+        Config.of({"long_prefill_token_threshold": 128}),
+        Config.of({"max_num_batched_tokens": 1024}),
+        Config.of({"max_num_seqs": 8}),
+    ]
+    assert sorted(map(str, smoothing)) == sorted(map(str, space.engine_with(bounds)))
+    assert smoothing[-1] == Config.of({"enable_prefix_caching": False, "ttft_objective": 1.5})
+
+
+def test_a_step_above_todays_value_does_not_count_as_bounding_work() -> None:
+    today = {**TODAY, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+    space = SearchSpace.for_host(profile(False, False, longest=600), today, 2.0)
+    first = space.smoothing_first
+    bounding = [
+        c for c in first if c.get("max_num_seqs") == 8 or c.get("max_num_batched_tokens") == 1024
+    ]
+    assert all(first.index(c) < first.index(Config.of({"max_num_seqs": 32})) for c in bounding)
+    assert first.index(Config.of({"max_num_batched_tokens": 4096})) > first.index(
+        Config.of({"max_num_seqs": 8})
+    )

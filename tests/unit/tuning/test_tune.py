@@ -205,3 +205,20 @@ async def test_a_budget_too_short_for_a_first_round_exits_2_once_today_has_start
     assert code == 2
     assert "give at least --budget" in capsys.readouterr().err
     assert pool[0].events[-1] == "stop" and len(pool[0].engine.prompts) == 3 * WARM_UP
+
+
+def test_todays_slow_streams_on_the_first_window_decide_the_engine_order() -> None:
+    from sluicegate.tuning.objective import Score
+    from sluicegate.tuning.search import Trial
+    from sluicegate.tuning.tune import streams_missed
+
+    def ran(config: Config, window: int, starts: int, streams: int) -> Trial:
+        met = 40 - starts - streams
+        score = Score(1.0, met / 40, 0.5, 1.0, 1.5, 0.2, 50.0, 0, 0, met, 40, starts, streams)
+        return Trial(config, window, score, 30.0, stopped_early=True)
+
+    other = Config.of({"ttft_objective": 1.0})
+    assert streams_missed([ran(other, 0, 0, 9), ran(Config(), 0, 2, 7)])
+    assert not streams_missed([ran(Config(), 0, 5, 5)])
+    assert not streams_missed([ran(Config(), 1, 0, 9)])  # not the first window
+    assert not streams_missed([])
