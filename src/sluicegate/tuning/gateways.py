@@ -27,6 +27,7 @@ from typing import IO
 import aiohttp
 
 from sluicegate.settings import ENV_PREFIX
+from sluicegate.tuning.reaper import reaper
 from sluicegate.tuning.search import Config
 from sluicegate.tuning.space import ADMISSION_KNOBS
 
@@ -251,6 +252,7 @@ class GatewayProcess:
         the engine core's (a session of its own: `engine.vllm_process`), workers included."""
         if not self.exited and not self.frozen:
             self._frozen_groups = self._groups()
+            reaper.watch(self._frozen_groups)  # continued should the tune die meanwhile
             for group in self._frozen_groups:
                 _signal_group(group, signal.SIGSTOP)
             self.frozen = True

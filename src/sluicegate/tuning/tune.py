@@ -40,6 +40,7 @@ from sluicegate.tuning.outputs import (
 )
 from sluicegate.tuning.presets import PRESETS, make_preset
 from sluicegate.tuning.profile import Profile, ProfileError, read_profile, split_in_time
+from sluicegate.tuning.reaper import reaper
 from sluicegate.tuning.search import Budget, Config, Trial, search
 from sluicegate.tuning.space import ADMISSION_KNOBS, ENGINE_KNOBS, SearchSpace, needs_restart
 from sluicegate.tuning.trials import CONFIRM_WINDOW, WINDOWS, Gateway, GatewayTrials
@@ -270,6 +271,7 @@ async def run_tune(
         print(f"sluicegate: {failed}", file=sys.stderr)
     finally:
         await _stop_all(gateways)
+        reaper.close()
     rows = trials.rows if trials is not None else []
     code = await asyncio.to_thread(
         _write_outputs, plan_, rows, searched, best, confirmation, pairs,
