@@ -33,7 +33,7 @@ CHECKOV := checkov>=3.3.30,<4
 TOOLS_STAMP := $(TOOLS_VENV)/.installed-checkov
 
 .PHONY: all install serve test check lint typecheck layers docs unit bench bench-cache bench-structured \
-	bench-metrics bench-upstream bench-profile bench-affinity bench-timeline bench-goodput bench-parity bench-probes bench-tune clean
+	bench-metrics bench-upstream bench-profile bench-affinity bench-timeline bench-goodput bench-parity bench-probes bench-tune bench-tune-sweep clean
 
 all: check test
 
@@ -130,6 +130,10 @@ bench: install $(DEV_STAMP)
 # `sluicegate tune` on a generated bursty profile of the bundled model (issue 46), within a budget.
 bench-tune: install $(DEV_STAMP)
 	$(PY) bench/tune.py
+
+# The same engine steps by hand with `vllm bench sweep serve`, on bench-tune's newest profile.
+bench-tune-sweep: install $(DEV_STAMP)
+	$(PY) bench/tune_vllm_sweep.py
 
 # Structured outputs (a 5-field JSON schema at concurrency 16) against vLLM's server, A-B-B-A.
 bench-structured: install $(DEV_STAMP)

@@ -3,7 +3,7 @@
 budget, its confirmation's ratio and bound, and the whole run in `bench/results/`.
 
     .venv/bin/python bench/tune.py                       # `make bench-tune`
-    .venv/bin/python bench/tune.py --rate 0.5 --slo ttft_p90=3s,itl_p90=500ms --budget 25m
+    .venv/bin/python bench/tune.py --rate 1.4 --slo ttft_p90=2s,itl_p90=250ms --budget 30m
 
 The run's folder (`recommended.env`, `trials.csv`, `report.md`, `pareto.html`,
 `pareto.png`, the trial gateways' logs) is `bench/results/tune-STAMP/`; the profile beside it.
@@ -14,6 +14,7 @@ hand in `docs/benchmarks/` (with the plot copied there).
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -28,11 +29,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="chat")
     parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--rate", type=float, default=0.5, help="mean requests a second")
+    parser.add_argument("--rate", type=float, default=1.4, help="mean requests a second")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--slo", default="ttft_p90=3s,itl_p90=500ms")
-    parser.add_argument("--budget", default="25m")
+    parser.add_argument("--slo", default="ttft_p90=2s,itl_p90=250ms")
+    parser.add_argument("--budget", default="30m")
     args = parser.parse_args()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -45,13 +46,22 @@ def main() -> int:
     ]  # fmt: skip
     subprocess.run(made, check=True)
     began = time.monotonic()
-    tuned = subprocess.run(
+    tuned = subprocess.Popen(
         [*SLUICEGATE, "tune", str(profile), "--slo", args.slo, "--budget", args.budget,
          "--out", str(out)],
     )  # fmt: skip
+    # Stopped (Ctrl+C, SIGTERM), the tune is told as a user would tell it, and waited for: it
+    # stops its gateways and writes what it has (subprocess.run would kill it outright).
+    signal.signal(signal.SIGTERM, lambda *_: tuned.send_signal(signal.SIGINT))
+    while True:
+        try:
+            code = tuned.wait()
+            break
+        except KeyboardInterrupt:
+            tuned.send_signal(signal.SIGINT)
     minutes = (time.monotonic() - began) / 60
-    print(f"\nsluicegate tune: exit {tuned.returncode} after {minutes:.1f} min; see {out}")
-    return tuned.returncode
+    print(f"\nsluicegate tune: exit {code} after {minutes:.1f} min; see {out}")
+    return code
 
 
 if __name__ == "__main__":
