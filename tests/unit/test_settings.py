@@ -154,7 +154,6 @@ def test_token_budget_defaults_and_refused_values(monkeypatch: pytest.MonkeyPatc
     )
 
 
-
 def test_a_prefill_bound_past_the_context_window_is_refused_at_start() -> None:
     """vLLM would refuse it when the engine starts; the gateway says so first."""
     assert Settings(long_prefill_token_threshold=256).long_prefill_token_threshold == 256

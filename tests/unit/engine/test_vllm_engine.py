@@ -233,7 +233,9 @@ def test_the_scheduler_settings_reach_vllms_own_engine_arguments() -> None:
     from sluicegate.settings import Settings
     from sluicegate.wiring.engines import engine_config
 
-    settings = Settings(max_num_seqs=16, max_num_batched_tokens=512, long_prefill_token_threshold=128)
+    settings = Settings(
+        max_num_seqs=16, max_num_batched_tokens=512, long_prefill_token_threshold=128
+    )
     arguments = engine_arguments(engine_config(settings, "m"), on_gpu=False)
     names = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold")
     assert [arguments[name] for name in names] == [16, 512, 128]
