@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -104,9 +105,16 @@ def main() -> int:
         "--metric-percentiles", "50,90,99",
         "--goodput", f"ttft:{objective.ttft * 1000:g}", f"tpot:{objective.itl * 1000:g}",
     ]  # fmt: skip
+    # What the sweep does after each run for a server started as `vllm serve`: the prefix
+    # cache emptied (it knows no server started as a module, so it is said here).
+    reset = [
+        sys.executable, "-c",
+        f"import httpx; httpx.post('http://127.0.0.1:{port}/reset_prefix_cache').raise_for_status()",
+    ]  # fmt: skip
     sweep = [
         sys.executable, "-m", "vllm.benchmarks.sweep.serve",
-        "--serve-cmd", " ".join(serve), "--bench-cmd", " ".join(bench),
+        "--serve-cmd", shlex.join(serve), "--bench-cmd", shlex.join(bench),
+        "--after-bench-cmd", shlex.join(reset),
         "--serve-params", str(out / "serve_params.json"), "-o", str(out), "-e", "sweep",
         "--num-runs", "1", "--warmup-num-prompts", "8", "--server-ready-timeout", "600",
     ]  # fmt: skip
