@@ -139,7 +139,7 @@ def score(
     if not outcomes or offered_seconds <= 0:
         raise ValueError("a score needs outcomes over some time")
     causes = [objective.missed_by(o) for o in heard]
-    met = sum(not (o.failed or o.refused) and objective.met_by(o.ttft, o.gaps) for o in outcomes)
+    met = sum(objective.missed_by(o) is None for o in outcomes)
     ttfts = [o.ttft for o in outcomes if o.ttft is not None]
     itls = [percentile(o.gaps, 90) for o in outcomes if o.gaps]
     return Score(
