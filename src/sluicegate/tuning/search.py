@@ -24,12 +24,18 @@ FEASIBLE_ATTAINMENT = 0.9
 targets are 90th percentiles)."""
 
 
+def allowed_misses(requests: int) -> int:
+    """The misses a run of `requests` may have and still be judged able to meet the
+    objective: as many as a configuration meeting it for `FEASIBLE_ATTAINMENT` of its
+    requests could show (`plausible_misses`). A window of 40 requests is too short to tell
+    90% from 85%, and judging it by its share alone threw out good configurations on their
+    bad luck."""
+    return plausible_misses(requests, FEASIBLE_ATTAINMENT)
+
+
 def consistent(score: Score) -> bool:
-    """Whether a run's misses are as few as a configuration meeting the objective for
-    `FEASIBLE_ATTAINMENT` of its requests could show (`plausible_misses`): a window of 40
-    requests is too short to tell 90% from 85%, and judging it by its share alone threw out
-    good configurations on their bad luck."""
-    return score.misses <= plausible_misses(score.requests, FEASIBLE_ATTAINMENT)
+    """Whether a run's misses are within `allowed_misses`."""
+    return score.misses <= allowed_misses(score.requests)
 
 
 @dataclass(frozen=True, slots=True)

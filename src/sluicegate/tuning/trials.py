@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sluicegate.tuning.gateways import GatewayFailed
-from sluicegate.tuning.objective import Objective, Outcome, plausible_misses, score
+from sluicegate.tuning.objective import Objective, Outcome, score
 from sluicegate.tuning.outputs import Row
 from sluicegate.tuning.profile import Profile, Request
 from sluicegate.tuning.prompts import PromptMaker
 from sluicegate.tuning.replay import Stopped, Target, replay
-from sluicegate.tuning.search import FEASIBLE_ATTAINMENT, Config, Trial
+from sluicegate.tuning.search import Config, Trial, allowed_misses
 from sluicegate.tuning.space import admission_part, engine_part
 
 WINDOWS = ((20.0, 40), (40.0, 80), (80.0, 160))
@@ -53,12 +53,6 @@ WARM_UP_TOKENS = 16
 DRAIN = 15.0
 """At most this long after a window's last arrival for its requests to end (they are cut,
 and fail, past the window plus this)."""
-
-
-def allowed_misses(requests: int) -> int:
-    """Misses a run of `requests` may have and still be judged able to meet the objective
-    (`search.consistent`)."""
-    return plausible_misses(requests, FEASIBLE_ATTAINMENT)
 
 
 def note(text: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 from sluicegate.tuning.gateways import GatewayFailed, busy
 from sluicegate.tuning.objective import Objective
 from sluicegate.tuning.profile import Profile, Request, split_in_time
-from sluicegate.tuning.search import Config
-from sluicegate.tuning.trials import WARM_UP, GatewayTrials, allowed_misses, busiest
+from sluicegate.tuning.search import Config, allowed_misses
+from sluicegate.tuning.trials import WARM_UP, GatewayTrials, busiest
 from tests.support.fakes import FakeEngine
 from tests.support.tune_gateways import BOUNDS, FakeGateway, gateways
 
