@@ -5,9 +5,11 @@ time, for the requests that come after, with no restart (`inference.admission`; 
 
 Both answer the four bounds as they are then (`null`: unset), which `PUT` takes back as its
 body: a field sent sets its bound, `null` unsets it, one left out keeps it
-(`wire.admission`). Answered only with `SLUICEGATE_ALLOW_RUNTIME_ADMISSION` (404 otherwise),
-and with keys set, only for admin keys: `http.admin_guard` checks both before the body is
-read, and counts the call against the key's admin limit.
+(`wire.admission`). `POST /admin/admission/reset` keeps the bounds and forgets what the
+engines' queues measured for `TTFT_OBJECTIVE` (their drain rates, the lateness of first
+tokens), and answers the bounds too. Answered only with `SLUICEGATE_ALLOW_RUNTIME_ADMISSION`
+(404 otherwise), and with keys set, only for admin keys: `http.admin_guard` checks both
+before the body is read, and counts the call against the key's admin limit.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ async def get_admission(state: StateDep) -> dict[str, Any]:
 @router.put("/admission")
 async def set_admission(body: AdmissionBounds, state: StateDep, key: KeyIdDep) -> dict[str, Any]:
     return _admission(state).change(body, by=key).model_dump()
+
+
+@router.post("/admission/reset")
+async def reset_admission(state: StateDep, key: KeyIdDep) -> dict[str, Any]:
+    admission = _admission(state)
+    admission.forget(by=key)
+    return admission.bounds.model_dump()
 
 
 def _admission(state: AppState) -> Admission:

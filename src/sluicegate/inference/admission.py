@@ -12,7 +12,8 @@ after it. Nothing waits under these bounds: a run is admitted or refused when it
 a change lets no run in that was refused, and takes none out that was admitted: those keep
 their places in the queue until their first token, whatever the new bounds say. A bound
 lowered refuses the next runs; raised or unset, it admits them. What the queue measured (the
-engine's drain rate, the lateness of first tokens) is the engine's and is kept.
+engine's drain rate, the lateness of first tokens) is the engine's and is kept, unless an
+admin asks for it to be forgotten (`POST /admin/admission/reset`).
 
 An engine that reports no scheduler state (an upstream) is bound by the TTFT objective
 alone: the three engine bounds bound nothing there, set at start or at run time, and the
@@ -52,6 +53,10 @@ class EngineAdmission:
         """The bounds of the runs admitted from now on; the frozen limits are replaced whole."""
         self.queue.set_objective(bounds.ttft_objective)
         self.limits = _load_limits(bounds)
+
+    def forget(self) -> None:
+        """What the queue measured forgotten (`PrefillQueue.forget`); the bounds kept."""
+        self.queue.forget()
 
     def admit(
         self, tokens: int, elapsed: float, *, learns: bool, priority: int, key: str
@@ -101,6 +106,15 @@ class Admission:
         if _binds_engine_state(after) and all(e.engine.load() is None for e in engines):
             logger.warning(STATELESS_ENGINE)
         return after
+
+    def forget(self, by: str) -> None:
+        """What every engine's queue measured (the drain rate, the lateness of first tokens)
+        forgotten, the bounds kept: the next runs are admitted as on new engines, until the
+        queues have measured enough again. For a run that must not inherit what earlier load
+        taught the estimate (`sluicegate tune`'s trials on one long-lived gateway)."""
+        for engine in self._engines.values():
+            engine.forget()
+        logger.info("admission measurements forgotten by %s", by)
 
 
 def _load_limits(bounds: AdmissionBounds) -> LoadLimits:

@@ -20,7 +20,9 @@ With a TTFT `objective`, a run whose expected wait is past it is refused at once
 would meet it; so the runs admitted keep their objective instead of every run getting slow.
 Until `min_samples` departures have been measured nothing is refused: a cold engine has no
 rate to go by. The objective may change while runs wait (`set_objective`, at run time:
-`inference.admission`): the runs that enter after are judged by it, on what was measured.
+`inference.admission`): the runs that enter after are judged by it, on what was measured. What
+was measured can be forgotten (`forget`, `POST /admin/admission/reset`): the queue is then as
+on a new engine.
 
 The estimate cannot latch shut. It learns only from runs it admitted, so a refusal teaches it
 nothing; one first token far later than foretold could otherwise push it past the objective
@@ -192,6 +194,22 @@ class PrefillQueue:
         What was measured stays: the rate and the lateness are the engine's, not the
         objective's; the runs waiting keep their places."""
         self._config = dataclasses.replace(self._config, objective=objective)
+
+    def forget(self) -> None:
+        """Forget what was measured (the drain rate, the lateness, the last admission): from
+        here the queue is as on a new engine, admitting every run until `min_samples`
+        departures are measured again. The runs waiting keep their places; their first tokens
+        are the first departures measured."""
+        now = self._clock()
+        self._samples.clear()
+        self._busy = 0.0
+        self._drained = 0
+        self._lateness = 0.0
+        self._lateness_at = now
+        self._last_admitted = None
+        if self._busy_since is not None:
+            self._busy_since = now
+        metrics.PREFILL_RATE.set(0.0)
 
     @property
     def lateness(self) -> float:

@@ -268,3 +268,30 @@ async def test_a_request_waiting_through_a_lowered_then_unset_bound_finishes() -
     finally:
         engine.release.set()
     assert engine.held == 2  # the held request and the next; the refused one never came
+
+
+# ---- measurements forgotten -------------------------------------------------------------
+
+
+def test_reset_forgets_what_the_queue_measured_and_keeps_the_bounds() -> None:
+    """Eight slow first tokens teach the estimate that a run misses a 0.01 s objective; after
+    `POST /admin/admission/reset` the next runs are admitted as on a new engine (until eight
+    departures are measured again), the bounds unchanged. Admin keys only, and 404 with
+    runtime admission off, as the other two routes."""
+    engine = FakeEngine(delays=[0.05, 0.0])
+    app = fake_app(engine, api_keys=USER, admin_api_keys=ADMIN, allow_runtime_admission=True)
+    admin, user = bearer(ADMIN), bearer(USER)
+    with TestClient(app) as client:
+        client.put(ADMISSION, json={"ttft_objective": 0.01}, headers=admin)
+        for _ in range(8):
+            assert client.post(CHAT, json=chat_body("a"), headers=user).status_code == 200
+        assert client.post(CHAT, json=chat_body("b"), headers=user).status_code == 503
+        assert client.post(ADMISSION + "/reset", headers=user).status_code == 403
+        reset = client.post(ADMISSION + "/reset", headers=admin)
+        assert reset.status_code == 200, reset.text
+        assert reset.json() == {**UNSET, "ttft_objective": 0.01}
+        assert client.post(CHAT, json=chat_body("c"), headers=user).status_code == 200
+        assert client.get(ADMISSION, headers=admin).json() == {**UNSET, "ttft_objective": 0.01}
+    assert len(engine.requests) == 9
+    with TestClient(fake_app(FakeEngine())) as client:
+        assert client.post(ADMISSION + "/reset").status_code == 404

@@ -316,3 +316,26 @@ def test_through_the_app_retried_runs_teach_the_estimate_nothing() -> None:
         for _ in range(10):
             assert client.post("/v1/chat/completions", json=body).status_code == 200
     assert len(engine.requests) == 10
+
+
+def test_forgotten_measurements_leave_the_queue_as_on_a_new_engine() -> None:
+    """What a run stopped early teaches (time with runs waiting and nothing drained) is gone
+    after `forget`: nothing is refused until the rate is measured again, from the departures
+    after it alone; the runs waiting keep their places."""
+    queue, clock = measured_prefill_queue(100, objective=None)
+    cancelled = [queue.enter(100) for _ in range(3)]
+    clock.now += 20.0
+    for ticket in cancelled[:2]:
+        ticket.close()  # cancelled before their first tokens: 20 s busy, nothing drained
+    assert queue.rate() == pytest.approx(100 / 21)
+    queue.set_objective(1.0)
+    with pytest.raises(OverloadedError):
+        queue.enter(10)
+    queue.forget()
+    assert queue.rate() is None and queue.lateness == 0.0
+    assert queue.waiting == 1 and queue.tokens == 100
+    admitted = [queue.enter(100) for _ in range(10)]  # cold: all admitted
+    for ticket in [cancelled[2], *admitted]:
+        clock.now += 1.0
+        ticket.started()
+    assert queue.rate() == pytest.approx(100.0)  # the time before the reset is not counted
