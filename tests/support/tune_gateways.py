@@ -53,6 +53,12 @@ class FakeGateway:
         self.bounds.append(dict(bounds))
         self.seen.append((self.name, tuple(p.name for p in self.peers if p.frozen)))
 
+    async def forget(self) -> None:
+        async with httpx.AsyncClient(headers=self.headers) as client:
+            response = await client.post(self.url + "/admin/admission/reset")
+        assert response.status_code == 200, response.text
+        self.events.append("forget")
+
     @property
     def exited(self) -> bool:
         return False

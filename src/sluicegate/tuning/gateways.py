@@ -213,22 +213,27 @@ class GatewayProcess:
     async def set_admission(self, bounds: Mapping[str, object]) -> None:
         """The four admission bounds, as `PUT /admin/admission` takes them (None unsets)."""
         body = {name: bounds.get(name) for name in ADMISSION_KNOBS}
+        await self._admin("PUT", "/admin/admission", body, "set its admission bounds")
+
+    async def forget(self) -> None:
+        """What its admission measured forgotten (`POST /admin/admission/reset`): the TTFT
+        estimate of its next run is learnt anew, as a new gateway's is."""
+        await self._admin("POST", "/admin/admission/reset", None, "reset its admission")
+
+    async def _admin(self, method: str, path: str, body: object, what: str) -> None:
         try:
             async with (
                 aiohttp.ClientSession(headers=self.headers) as session,
-                session.put(
-                    self.url + "/admin/admission", json=body, timeout=aiohttp.ClientTimeout(30)
+                session.request(
+                    method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(30)
                 ) as response,
             ):
                 status, text = response.status, await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise GatewayFailed(
-                f"its admission bounds could not be set: {exc} (see {self.log})"
-            ) from exc
+            raise GatewayFailed(f"could not {what}: {exc} (see {self.log})") from exc
         if status != 200:
             raise GatewayFailed(
-                f"the trial gateway refused the admission bounds ({status}: {text[:200]}; "
-                f"see {self.log})"
+                f"the trial gateway would not {what} ({status}: {text[:200]}; see {self.log})"
             )
 
     async def settle(self, within: float = 60.0) -> bool:

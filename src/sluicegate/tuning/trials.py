@@ -17,6 +17,15 @@ meeting the objective would miss in 19 runs of 20 (7 of 40, 13 of 80, 22 of 160:
 `WARM_UP` short requests before it is measured, and after each run a gateway is left to
 finish what it was doing. A candidate that does not start, or dies, is a failed trial (all
 its requests missed); today's failing ends the tune.
+
+Every run starts from the same state, whether its gateway is new or has run before (today's
+through the whole search, both arms through the confirmation): the gateway forgets what its
+admission measured (`POST /admin/admission/reset`) and answers the same burst of short
+requests (`prime`), under today's bounds, before the run's bounds are set. Its TTFT estimate
+is then learnt from that burst alone, not from the runs before (how late first tokens came
+under another configuration's load; time with runs waiting and nothing drained, when a run
+was stopped and its requests cancelled). Without this, the same configuration on the same
+window met 90% as one trial on today's gateway and 35% as a later one.
 """
 
 from __future__ import annotations
@@ -45,9 +54,9 @@ rung judges the search's. A longer, calmer window (30 s, a burst and a lull) onc
 the search had found in the bursts, where the knobs matter: today's settings met 98-100%
 there."""
 WARM_UP = 8
-"""Requests a new gateway answers, one at a time, before its first run (as many as the TTFT
-estimate needs before it refuses anything: `PrefillQueueConfig.min_samples`), then twice as
-many at once."""
+"""Requests a new gateway answers, one at a time, before its first run; and every gateway
+twice as many at once before each run (`prime`: more than the TTFT estimate needs before it
+refuses anything, `prefill_queue.QueueConfig.min_samples`)."""
 WARM_UP_TOKENS = 16
 """Each warm-up request's output, at most (its prompt is one of the traffic's)."""
 DRAIN = 15.0
@@ -75,6 +84,7 @@ class Gateway(Protocol):
 
     async def start(self) -> None: ...
     async def settle(self) -> bool: ...
+    async def forget(self) -> None: ...
     async def set_admission(self, bounds: Mapping[str, object]) -> None: ...
     def freeze(self) -> None: ...
     async def thaw(self) -> None: ...
@@ -201,7 +211,24 @@ class GatewayTrials:
     async def warm(self, gateway: Gateway) -> None:
         """`WARM_UP` of the traffic's prompts, short answers, one after another, before
         anything is measured: an engine's first requests are slower than the rest (kernels
-        loaded, memory touched), and its TTFT estimate needs a few to go by."""
+        loaded, memory touched)."""
+        target, short, prompts = self._warm_up(gateway)
+        for request in short:
+            await replay(target, [request], prompts)
+
+    async def prime(self, gateway: Gateway) -> None:
+        """Before every run: the gateway's admission measurements forgotten, then twice
+        `WARM_UP` short requests at once, from which its TTFT estimate is learnt anew (as
+        many departures as it needs: `prefill_queue.QueueConfig.min_samples`). On a new gateway
+        this also makes the engine's kernels for a batch's sizes, which no trial must pay
+        for."""
+        await gateway.forget()
+        target, short, prompts = self._warm_up(gateway)
+        await replay(target, short + short, prompts)
+        if not await gateway.settle():
+            note("a gateway still had requests in flight after its warm-up")
+
+    def _warm_up(self, gateway: Gateway) -> tuple[Target, list[Request], PromptMaker]:
         self._salt += 1
         prompts = PromptMaker(self.vocabulary, self.search_part.block_size, salt=self._salt)
         target = Target(gateway.url, gateway.model, timeout=120.0, headers=gateway.headers)
@@ -209,11 +236,7 @@ class GatewayTrials:
             replace(r, t=0.0, output_tokens=min(r.output_tokens, WARM_UP_TOKENS))
             for r in self.search_part.requests[:WARM_UP]
         ]
-        for request in short:
-            await replay(target, [request], prompts)
-        # Then all at once: the engine's first batches of each size are slower than the
-        # next (kernels made for their shapes), and no trial must pay for them.
-        await replay(target, short + short, prompts)
+        return target, short, prompts
 
     async def close(self) -> None:
         if self._candidate is not None:
@@ -263,6 +286,7 @@ class GatewayTrials:
     async def _replay(
         self, gateway: Gateway, config: Config, requests: list[Request], early_stop: bool
     ) -> tuple[list[Outcome], bool]:
+        await self.prime(gateway)
         await gateway.set_admission({**self.today_bounds, **dict(admission_part(config).knobs)})
         self._salt += 1
         prompts = PromptMaker(self.vocabulary, self.search_part.block_size, salt=self._salt)

@@ -97,6 +97,12 @@ async def test_a_trial_gateway_runs_freezes_thaws_and_stops(tmp_path: Path) -> N
                 session.get(gateway.url + "/admin/admission") as reply,
             ):
                 assert (await reply.json())["max_engine_running"] == 4
+            await gateway.forget()  # its admission measurements: the bounds stay
+            async with (
+                aiohttp.ClientSession(headers=gateway.headers) as session,
+                session.get(gateway.url + "/admin/admission") as reply,
+            ):
+                assert (await reply.json())["max_engine_running"] == 4
             # Its key, and no other, opens it.
             async with (
                 aiohttp.ClientSession() as session,

@@ -67,7 +67,9 @@ async def test_admission_trials_run_on_todays_gateway_and_put_its_bounds_back() 
     assert trial.score.attainment == 1.0 and trial.feasible
     (row,) = runner.rows
     assert row.stage == "search" and row.requests == len(runner.window(0)) == 30
-    assert len(today.engine.prompts) == 30
+    # Its measurements forgotten and a burst of warm-up requests answered before the run.
+    assert today.events == ["forget"]
+    assert len(today.engine.prompts) == 2 * WARM_UP + 30
 
 
 async def test_an_engine_trial_gets_its_own_gateway_and_today_waits_frozen() -> None:
@@ -75,11 +77,12 @@ async def test_an_engine_trial_gets_its_own_gateway_and_today_waits_frozen() -> 
         runner = trials(today, [other], Objective(5.0, 5.0))
         config = Config.of({"max_num_seqs": 16, "ttft_objective": 2.0})
         await runner.run(config, 0)
-    assert other.events == ["launched max_num_seqs=16 as trial-1", "stop"]
+    assert other.events == ["launched max_num_seqs=16 as trial-1", "forget", "stop"]
     assert today.events == ["freeze", "thaw"]
     assert today.seen == [("g1", ("g0",))]
     assert other.bounds == [{**BOUNDS, "ttft_objective": 2.0}]  # a trial gateway is not reused
-    # A new gateway is warmed up with a few of the traffic's requests before it is measured.
+    # A new gateway is warmed up with a few of the traffic's requests one at a time, then
+    # primed as every gateway is before every run.
     assert len(other.engine.prompts) == 3 * WARM_UP + 30 and not today.engine.prompts
 
 
@@ -119,7 +122,10 @@ async def test_the_confirmation_keeps_both_gateways_and_freezes_the_idle_one() -
         ("confirm", 0, "today"), ("confirm", 0, "candidate"),
         ("confirm", 1, "candidate"), ("confirm", 1, "today"),
     ]  # fmt: skip
-    assert len(other.engine.prompts) - 3 * WARM_UP == len(today.engine.prompts) == 20
+    # Each arm primed before each of its runs (the candidate warmed once before that).
+    assert today.events.count("forget") == other.events.count("forget") == 2
+    assert len(other.engine.prompts) - WARM_UP - 4 * WARM_UP == 20
+    assert len(today.engine.prompts) - 4 * WARM_UP == 20
 
 
 async def test_each_run_draws_its_prompts_anew() -> None:
@@ -127,7 +133,9 @@ async def test_each_run_draws_its_prompts_anew() -> None:
         runner = trials(today, [], Objective(5.0, 5.0))
         await runner.run(Config(), 0)
         await runner.run(Config(), 0)
-    first, second = today.engine.prompts[:30], today.engine.prompts[30:]
+    primed = 2 * WARM_UP
+    prompts = today.engine.prompts
+    first, second = prompts[primed : primed + 30], prompts[2 * primed + 30 :]
     assert [len(p.ids) for p in first] == [len(p.ids) for p in second]
     assert all(a.ids != b.ids for a, b in zip(first, second, strict=True))
 
@@ -183,3 +191,16 @@ async def test_priorities_go_only_to_an_engine_that_schedules_by_them() -> None:
         runner.scheduling_policy = "priority"
         with pytest.raises(GatewayFailed, match=r"rejected \d+ replayed requests"):
             await runner.run(Config(), 0)
+
+
+async def test_every_run_on_todays_gateway_starts_from_forgotten_measurements() -> None:
+    """Today's gateway runs the whole search: before each run its admission measurements are
+    forgotten and it answers the same burst, so that no run's TTFT estimate is what the run
+    before it taught (a run stopped early once made the next refuse a third of its window)."""
+    with gateways(FakeEngine(delays=[0.3, 0.0, 0.0]), FakeEngine()) as (today, other):
+        runner = trials(today, [other], Objective(0.05, 5.0))
+        await runner.run(Config(), 0)  # stopped early: its requests cancelled
+        await runner.run(Config.of({"ttft_objective": 1.5}), 0)
+        await runner.run(Config.of({"max_num_seqs": 16}), 0)
+    assert today.events == ["forget", "forget", "freeze", "thaw"]
+    assert other.events.count("forget") == 1
