@@ -1,11 +1,12 @@
 """Synthetic traffic profiles for a gateway with no capture yet: `chat` (conversations that
 grow turn by turn over a few shared system prompts, streamed), `rag` (long prompts built on a
 few shared documents) and `batch` (unstreamed, long answers, two priorities). Arrivals come in
-bursts (15 s at 1.75 times the mean rate, 15 s at a quarter of it), as traffic does, so that the
-engine's knobs meet both a queue and a lull."""
+bursts (15 s at 1.75 times the mean rate, 15 s at a quarter of it, each burst as high as the
+others), as traffic does, so that the engine's knobs meet both a queue and a lull."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -74,13 +75,20 @@ Shape = Iterator[tuple[list[int], int, bool, int]]
 
 
 def _arrivals(rng: random.Random, rate: float) -> Iterator[float]:
-    """Poisson arrivals whose rate alternates between 1.75x and 0.25x `rate` every 15 s (a
-    mean of `rate`)."""
-    t = 0.0
-    while True:
-        busy = int(t // BURST_SECONDS) % 2 == 0
-        t += rng.expovariate(rate * (1.75 if busy else 0.25))
-        yield t
+    """Arrivals at 1.75x `rate` for 15 s, then 0.25x for 15 s, and so on (a mean of
+    `rate`): each 15 s holds as many as its rate gives (within one, the fractions carried
+    over), at times drawn at random within it. Every burst is as high as the others, so the
+    held-out quarter's busiest seconds are as busy as the search part's: with Poisson
+    counts, the busiest burst of three quarters is higher than the busiest of one, and a
+    tune's gain found in the one could not show in the other."""
+    expected = 0.0
+    made = 0
+    for period in itertools.count():
+        start = period * BURST_SECONDS
+        expected += rate * (1.75 if period % 2 == 0 else 0.25) * BURST_SECONDS
+        count = int(expected) - made
+        made += count
+        yield from sorted(start + rng.uniform(0.0, BURST_SECONDS) for _ in range(count))
 
 
 def _lognormal(rng: random.Random, median: float, spread: float, low: int, high: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from statistics import mean
 
@@ -26,8 +27,21 @@ def test_arrivals_come_in_bursts() -> None:
     profile = make_preset("chat", requests=600, rate=2.0, seed=3)
     busy = [r for r in profile.requests if int(r.t // BURST_SECONDS) % 2 == 0]
     quiet = [r for r in profile.requests if int(r.t // BURST_SECONDS) % 2 == 1]
-    # 2x against 0.25x the mean rate, over equal times: about 8 to 1.
+    # 1.75x against 0.25x the mean rate, over equal times: 7 to 1.
     assert len(busy) > 4 * len(quiet)
+
+
+def test_every_burst_is_as_high_as_the_others() -> None:
+    """So that the held-out quarter's busiest seconds are as busy as the search part's."""
+    profile = make_preset("chat", requests=400, rate=1.1, seed=1)
+    periods = Counter(int(r.t // BURST_SECONDS) for r in profile.requests)
+    last = max(periods)
+    bursts = [n for p, n in periods.items() if p % 2 == 0 and p != last]
+    lulls = [n for p, n in periods.items() if p % 2 == 1 and p != last]
+    assert max(bursts) - min(bursts) <= 1 and abs(mean(bursts) - 1.1 * 1.75 * 15) <= 1
+    assert max(lulls) - min(lulls) <= 1
+    times = [r.t for r in profile.requests]
+    assert times == sorted(times) and len(set(times)) > 390
 
 
 def test_the_shapes_differ_as_their_names_say() -> None:
