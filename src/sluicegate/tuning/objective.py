@@ -81,6 +81,11 @@ class Outcome:
     rejected: bool = False
     """Refused as a bad request (a 4xx other than 429): the replay's fault, not the
     configuration's (a tune stops on it)."""
+    cut: bool = False
+    """Still answering when the replay ended (its window's end plus the drain): judged on
+    what it had shown, its first token and the gaps so far. The objective bounds the first
+    token and the pace, not how long a long answer takes in all; a cut stream is no failure
+    (one cut before its first token missed it all the same)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,9 @@ class Target:
     headers: Mapping[str, str] = field(default_factory=dict)
     """Sent with every request (the gateway's key)."""
     cut_at: float | None = None
-    """Seconds from the replay's start past which every request still running is cut (and
-    failed): one end for the whole window, whenever each request was sent."""
+    """Seconds from the replay's start past which every request still running is cut
+    (`Outcome.cut`: judged on what it had shown): one end for the whole window, whenever
+    each request was sent."""
     priority_offset: int = 0
     """Added to each priority sent (so that the lowest is 0: a gateway refuses negative
     ones from keys that are not an admin's)."""
@@ -86,11 +87,12 @@ async def replay(
         late = None
         if keep_going is not None and late_after is not None:
             late = loop.call_later(late_after, judge, LATE)
-        within = target.timeout
+        within, cut = target.timeout, False
         if target.cut_at is not None:
-            within = min(within, target.cut_at - (time.perf_counter() - began))
+            left = target.cut_at - (time.perf_counter() - began)
+            within, cut = min(within, left), left <= within
         try:
-            outcome = await _one(session, target, body, late.cancel if late else None, within)
+            outcome = await _one(session, target, body, late.cancel if late else None, within, cut)
         finally:
             if late is not None:
                 late.cancel()
@@ -153,9 +155,11 @@ async def _one(
     body: dict[str, object],
     on_first: Callable[[], None] | None = None,
     within: float | None = None,
+    cut: bool = False,
 ) -> Outcome:
     """One request, streamed; `on_first` is called at its first text. Past `within` seconds
-    (the target's timeout by default) it is cut, and failed."""
+    (the target's timeout by default) it failed or, when `within` is the replay's end
+    (`cut`), it is cut: judged on what it had shown (`Outcome.cut`)."""
     started = time.perf_counter()
     first: float | None = None
     last = started
@@ -187,8 +191,12 @@ async def _one(
                     else:
                         gaps.append(now - last)
                     last = now
-    except (TimeoutError, aiohttp.ClientError, ValueError):
-        # Too slow, cut, or not the stream it should be (a line past aiohttp's bound, a chunk
+    except TimeoutError:
+        if cut and first is not None:  # its usage never came: a chunk holds a token at least
+            tokens = max(tokens, len(gaps) + 1)
+        return Outcome(first, tuple(gaps), tokens, failed=not cut, cut=cut)
+    except (aiohttp.ClientError, ValueError):
+        # Not the stream it should be (a line past aiohttp's bound, a chunk
         # that is no JSON): the request failed, the trial goes on.
         return Outcome(first, tuple(gaps), tokens, failed=True)
     return Outcome(first, tuple(gaps), tokens)

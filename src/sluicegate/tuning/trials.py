@@ -11,9 +11,11 @@ each change of arm).
 A trial replays one window of the search's traffic: the busiest 20, 40 and 80 s (rungs 0, 1,
 2; at least 40, 80, 160 requests), each request's prompt drawn anew (a new salt a run) so
 that no run finds the last one's prompts in the prefix cache, and every request cut at the
-window's end plus `DRAIN`. It stops as soon as more requests have missed than a configuration
-meeting the objective would miss in 19 runs of 20 (7 of 40, 13 of 80, 22 of 160:
-`objective.plausible_misses`): that configuration cannot win. A new gateway answers
+window's end plus `DRAIN` (and judged on what it had shown by then: a long answer still
+streaming in time and at pace is no miss; `Outcome.cut`). It stops as soon as more
+requests have missed than a configuration meeting the objective would miss in 19 runs of
+20 (7 of 40, 13 of 80, 22 of 160: `objective.plausible_misses`): that configuration cannot
+win. A new gateway answers
 `WARM_UP` short requests before it is measured, and after each run a gateway is left to
 finish what it was doing. A candidate that does not start, or dies, is a failed trial (all
 its requests missed); today's failing ends the tune.
@@ -60,8 +62,8 @@ refuses anything, `prefill_queue.QueueConfig.min_samples`)."""
 WARM_UP_TOKENS = 16
 """Each warm-up request's output, at most (its prompt is one of the traffic's)."""
 DRAIN = 15.0
-"""At most this long after a window's last arrival for its requests to end (they are cut,
-and fail, past the window plus this)."""
+"""At most this long after a window's last arrival for its requests to end (they are cut
+past the window plus this, and judged on what they had shown)."""
 
 
 def note(text: str) -> None:

@@ -59,13 +59,16 @@ def test_goodput_counts_misses_of_every_kind() -> None:
         Outcome(1.5, (0.1,), tokens=2),  # too slow to start
         Outcome(None, refused=True),
         Outcome(None, failed=True),
-        Outcome(0.5, (0.1,), tokens=1, failed=True),  # cut after a good start: a miss
+        Outcome(0.5, (0.1,), tokens=1, failed=True),  # failed after a good start: a miss
+        Outcome(0.5, (0.1,), tokens=2, cut=True),  # cut by the replay's end, at pace: met
+        Outcome(0.5, (0.3,), tokens=2, cut=True),  # cut, too slow so far: a miss
+        Outcome(None, cut=True),  # cut before its first token
     ]
     result = score(outcomes, objective, offered_seconds=10.0)
-    assert result.goodput == pytest.approx(0.2) and result.attainment == pytest.approx(2 / 6)
-    assert (result.refused, result.failed, result.met, result.requests) == (1, 2, 2, 6)
-    assert (result.slow_starts, result.slow_streams) == (4, 0)
-    assert result.throughput == pytest.approx(0.8)
+    assert result.goodput == pytest.approx(0.3) and result.attainment == pytest.approx(3 / 9)
+    assert (result.refused, result.failed, result.met, result.requests) == (1, 2, 3, 9)
+    assert (result.slow_starts, result.slow_streams) == (5, 1)
+    assert result.throughput == pytest.approx(1.2)
     assert (result.ttft_p50, result.ttft_p90) == (0.5, 1.5)
     nothing = score([Outcome(None, refused=True)], objective, 1.0)
     assert nothing.goodput == 0 and nothing.ttft_p90 == math.inf

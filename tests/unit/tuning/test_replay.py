@@ -54,3 +54,18 @@ async def test_refusals_and_failures_are_told_apart() -> None:
             )
         assert (outcome.refused, outcome.failed) == (refused, not refused)
         assert (outcome.ttft is None) == refused
+
+
+async def test_a_stream_still_answering_at_the_replays_end_is_cut_not_failed() -> None:
+    """Cut at the window's end: judged on what it showed (its first token and gaps so far),
+    not failed; past the target's own timeout instead, it failed."""
+    # A fourth word only after 5 s.
+    engine = FakeEngine(words=["a", " b", " c", " d"], delays=[0.0, 0.1, 0.1, 5.0])
+    long = [Request(0.0, 40, 10, 10, True, "chat", 0, "MISS", "length", (1, 2))]
+    with serve_in_thread(fake_app(engine)) as url:
+        prompts = PromptMaker(range(2, 1000), 16)
+        (cut,) = await replay(Target(url, FAKE_MODEL, cut_at=1.5), long, prompts)
+        (failed,) = await replay(Target(url, FAKE_MODEL, timeout=1.5), long, prompts)
+    assert cut.cut and not cut.failed and cut.ttft is not None
+    assert len(cut.gaps) == 2 and cut.tokens == 3
+    assert failed.failed and not failed.cut
