@@ -50,15 +50,13 @@ def main() -> int:
         [*SLUICEGATE, "tune", str(profile), "--slo", args.slo, "--budget", args.budget,
          "--out", str(out)],
     )  # fmt: skip
-    # Stopped (Ctrl+C, SIGTERM), the tune is told as a user would tell it, and waited for: it
-    # stops its gateways and writes what it has (subprocess.run would kill it outright).
-    signal.signal(signal.SIGTERM, lambda *_: tuned.send_signal(signal.SIGINT))
-    while True:
-        try:
-            code = tuned.wait()
-            break
-        except KeyboardInterrupt:
-            tuned.send_signal(signal.SIGINT)
+    # Stopped (Ctrl+C, SIGINT, SIGTERM), the tune is told as a user would tell it, and waited
+    # for: it stops its gateways (subprocess.run would kill it outright). SIGINT gets a
+    # handler of its own: started in the background by a shell, this process inherits it
+    # ignored, and Python then raises no KeyboardInterrupt.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: tuned.send_signal(signal.SIGINT))
+    code = tuned.wait()
     minutes = (time.monotonic() - began) / 60
     print(f"\nsluicegate tune: exit {code} after {minutes:.1f} min; see {out}")
     return code
