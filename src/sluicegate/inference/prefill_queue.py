@@ -199,8 +199,11 @@ class PrefillQueue:
         """Forget what was measured (the drain rate, the lateness, the last admission): from
         here the queue is as on a new engine, admitting every run until `min_samples`
         departures are measured again. The runs waiting keep their places; their first tokens
-        are the first departures measured."""
+        are the first departures measured, and teach no lateness (what they were foretold
+        came from what is forgotten)."""
         now = self._clock()
+        for ticket in self._tickets:
+            ticket.predicted = None
         self._samples.clear()
         self._busy = 0.0
         self._drained = 0

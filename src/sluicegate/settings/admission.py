@@ -51,8 +51,9 @@ class AdmissionSettings(BaseModel):
         description="Lets admin keys read and change TTFT_OBJECTIVE, MAX_ENGINE_WAITING, "
         "MAX_ENGINE_RUNNING and MAX_KV_CACHE_USAGE at run time, with no restart (`GET` and "
         "`PUT /admin/admission`), for the requests that come after: what `sluicegate tune` "
-        "searches. Off: those routes answer 404. Refused with WORKERS > 1: each worker holds "
-        "its own bounds, and a change would reach one of them.",
+        "searches; and forget what the TTFT estimate measured (`POST "
+        "/admin/admission/reset`). Off: those routes answer 404. Refused with WORKERS > 1: "
+        "each worker holds its own bounds, and a change would reach one of them.",
     )
     max_in_flight_per_key: int | None = Field(
         default=None, ge=1, description="In-flight requests per API key before a 429. Unset: none."

@@ -1,6 +1,7 @@
 """`GET` and `PUT /admin/admission` over the fake engine: who may, what is refused, and that a
 change is what the next requests are admitted by, as the settings would have them, with the
-requests already admitted left to finish."""
+requests already admitted left to finish; and `POST /admin/admission/reset`, what the TTFT
+estimate measured forgotten."""
 
 from __future__ import annotations
 
@@ -286,12 +287,21 @@ def test_reset_forgets_what_the_queue_measured_and_keeps_the_bounds() -> None:
         for _ in range(8):
             assert client.post(CHAT, json=chat_body("a"), headers=user).status_code == 200
         assert client.post(CHAT, json=chat_body("b"), headers=user).status_code == 503
+        assert rate(client, admin) > 0
         assert client.post(ADMISSION + "/reset", headers=user).status_code == 403
+        assert rate(client, admin) > 0
         reset = client.post(ADMISSION + "/reset", headers=admin)
         assert reset.status_code == 200, reset.text
         assert reset.json() == {**UNSET, "ttft_objective": 0.01}
+        assert rate(client, admin) == 0  # no rate to refuse by
         assert client.post(CHAT, json=chat_body("c"), headers=user).status_code == 200
         assert client.get(ADMISSION, headers=admin).json() == {**UNSET, "ttft_objective": 0.01}
     assert len(engine.requests) == 9
     with TestClient(fake_app(FakeEngine())) as client:
         assert client.post(ADMISSION + "/reset").status_code == 404
+
+
+def rate(client: TestClient, key: str) -> float:
+    """The drain rate the TTFT estimate divides by, as `/metrics` shows it."""
+    exposition = parse(client.get("/metrics", headers=bearer(key)).text)
+    return value(exposition, "sluicegate_prefill_rate_tokens_per_second")

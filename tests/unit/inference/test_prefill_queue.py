@@ -339,3 +339,6 @@ def test_forgotten_measurements_leave_the_queue_as_on_a_new_engine() -> None:
         clock.now += 1.0
         ticket.started()
     assert queue.rate() == pytest.approx(100.0)  # the time before the reset is not counted
+    # The run waiting across the reset (foretold 3 s by the forgotten rate, its first token
+    # 21 s after it entered) taught no lateness; the others entered with no rate to go by.
+    assert queue.lateness == 0.0
