@@ -38,6 +38,9 @@ class FakeGateway:
     seen: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     """Shared by the gateways of a test: at each run, which ran and which were frozen."""
     peers: list[FakeGateway] = field(default_factory=list)
+    history: list[tuple[str, int]] = field(default_factory=list)
+    """Each reset (`forget`) and bounds set (`bounds`), with the requests its engine had had
+    by then: their order around a run's requests."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -51,6 +54,7 @@ class FakeGateway:
             response = await client.put(self.url + "/admin/admission", json=dict(bounds))
         assert response.status_code == 200, response.text
         self.bounds.append(dict(bounds))
+        self.history.append(("bounds", len(self.engine.prompts)))
         self.seen.append((self.name, tuple(p.name for p in self.peers if p.frozen)))
 
     async def forget(self) -> None:
@@ -58,6 +62,7 @@ class FakeGateway:
             response = await client.post(self.url + "/admin/admission/reset")
         assert response.status_code == 200, response.text
         self.events.append("forget")
+        self.history.append(("forget", len(self.engine.prompts)))
 
     @property
     def exited(self) -> bool:

@@ -142,6 +142,8 @@ class GatewayTrials:
     on_row: Callable[[Row], None] | None = None
     rows: list[Row] = field(default_factory=list)
     _salt: int = 0
+    _primed_in: float = 0.0
+    """Seconds the last `prime` took (each run starts with one)."""
     _slack: float = 0.0
     """What runs have lately taken beyond their estimated cost (warm-ups, drains, stops)."""
     _candidate: Gateway | None = None
@@ -158,7 +160,7 @@ class GatewayTrials:
         an engine start (as long as today's took) when the configuration needs one (two on a
         GPU host: today's again after it)."""
         requests = self.window(window)
-        seconds = (requests[-1].t if requests else 0.0) + DRAIN / 2 + self._slack
+        seconds = (requests[-1].t if requests else 0.0) + DRAIN / 2 + self._run_overhead()
         if engine_part(config).knobs:
             seconds += self.today.started_in * (2 if self.exclusive else 1)
         return seconds
@@ -167,8 +169,13 @@ class GatewayTrials:
         """What one confirmation pair costs: two runs of the held-out window (and, on a GPU
         host, an engine start for each)."""
         requests = self.held_out_window()
-        run = (requests[-1].t if requests else 0.0) + DRAIN / 2 + self._slack
+        run = (requests[-1].t if requests else 0.0) + DRAIN / 2 + self._run_overhead()
         return 2 * (run + (self.today.started_in if self.exclusive else 0.0))
+
+    def _run_overhead(self) -> float:
+        """What a run costs beyond its window and half the drain: its prime, and what runs
+        have lately taken beyond their estimate."""
+        return self._primed_in + self._slack
 
     async def run(self, config: Config, window: int) -> Trial:
         began = time.monotonic()
@@ -219,16 +226,19 @@ class GatewayTrials:
             await replay(target, [request], prompts)
 
     async def prime(self, gateway: Gateway) -> None:
-        """Before every run: the gateway's admission measurements forgotten, then twice
-        `WARM_UP` short requests at once, from which its TTFT estimate is learnt anew (as
-        many departures as it needs: `prefill_queue.QueueConfig.min_samples`). On a new gateway
-        this also makes the engine's kernels for a batch's sizes, which no trial must pay
-        for."""
+        """Before every run: the gateway's admission measurements forgotten and today's
+        bounds set, then twice `WARM_UP` short requests at once, from which its TTFT
+        estimate is learnt anew (as many departures as it needs:
+        `prefill_queue.QueueConfig.min_samples`). On a new gateway this also makes the
+        engine's kernels for a batch's sizes, which no trial must pay for."""
+        began = time.monotonic()
         await gateway.forget()
+        await gateway.set_admission(self.today_bounds)
         target, short, prompts = self._warm_up(gateway)
         await replay(target, short + short, prompts)
         if not await gateway.settle():
             note("a gateway still had requests in flight after its warm-up")
+        self._primed_in = time.monotonic() - began
 
     def _warm_up(self, gateway: Gateway) -> tuple[Target, list[Request], PromptMaker]:
         self._salt += 1

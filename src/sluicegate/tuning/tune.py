@@ -238,6 +238,7 @@ async def run_tune(
             on_row=Progress(budget),
         )
         await trials.warm(baseline)
+        await trials.prime(baseline)  # what each run's start costs, for the plan below
         pairs = pairs_for(plan_.budget, trials.pair_cost())
         reserve = pairs * trials.pair_cost() + baseline.started_in
         least = reserve + sum(trials.cost(c, 0) for c in space.admission)

@@ -62,7 +62,8 @@ async def test_admission_trials_run_on_todays_gateway_and_put_its_bounds_back() 
     with gateways(FakeEngine()) as (today,):
         runner = trials(today, [], Objective(5.0, 5.0))
         trial = await runner.run(Config.of({"ttft_objective": 1.5}), 0)
-    assert today.bounds == [{**BOUNDS, "ttft_objective": 1.5}, BOUNDS]
+    # Today's bounds for its prime, the trial's for its run, today's put back after.
+    assert today.bounds == [BOUNDS, {**BOUNDS, "ttft_objective": 1.5}, BOUNDS]
     assert "freeze" not in today.events and not trial.stopped_early
     assert trial.score.attainment == 1.0 and trial.feasible
     (row,) = runner.rows
@@ -70,6 +71,14 @@ async def test_admission_trials_run_on_todays_gateway_and_put_its_bounds_back() 
     # Its measurements forgotten and a burst of warm-up requests answered before the run.
     assert today.events == ["forget"]
     assert len(today.engine.prompts) == 2 * WARM_UP + 30
+    # In that order: forgotten, today's bounds, the burst, the trial's bounds, the window.
+    primed = 2 * WARM_UP
+    assert today.history == [
+        ("forget", 0),
+        ("bounds", 0),
+        ("bounds", primed),
+        ("bounds", primed + 30),
+    ]
 
 
 async def test_an_engine_trial_gets_its_own_gateway_and_today_waits_frozen() -> None:
@@ -79,8 +88,9 @@ async def test_an_engine_trial_gets_its_own_gateway_and_today_waits_frozen() -> 
         await runner.run(config, 0)
     assert other.events == ["launched max_num_seqs=16 as trial-1", "forget", "stop"]
     assert today.events == ["freeze", "thaw"]
-    assert today.seen == [("g1", ("g0",))]
-    assert other.bounds == [{**BOUNDS, "ttft_objective": 2.0}]  # a trial gateway is not reused
+    assert today.seen == [("g1", ("g0",))] * 2  # its prime's bounds and its run's
+    # Primed under today's bounds, run under the trial's; a trial gateway is not reused.
+    assert other.bounds == [BOUNDS, {**BOUNDS, "ttft_objective": 2.0}]
     # A new gateway is warmed up with a few of the traffic's requests one at a time, then
     # primed as every gateway is before every run.
     assert len(other.engine.prompts) == 3 * WARM_UP + 30 and not today.engine.prompts
@@ -114,9 +124,10 @@ async def test_the_confirmation_keeps_both_gateways_and_freezes_the_idle_one() -
         other.events[-1] == "stop"
         and other.events.count("launched max_num_seqs=16 as candidate") == 1
     )
-    # (today's bounds are set before each of its runs and put back after)
+    # (three bounds set for each of today's runs: its prime's, its run's and after it; two for
+    # the candidate's)
     assert today.seen == [
-        ("g0", ()), ("g0", ()), ("g1", ("g0",)), ("g1", ("g0",)), ("g0", ("g1",)), ("g0", ("g1",)),
+        *[("g0", ())] * 3, *[("g1", ("g0",))] * 4, *[("g0", ("g1",))] * 3,
     ]  # fmt: skip
     assert [(r.stage, r.round, r.arm) for r in runner.rows] == [
         ("confirm", 0, "today"), ("confirm", 0, "candidate"),
