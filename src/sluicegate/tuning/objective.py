@@ -3,7 +3,9 @@
 `--slo ttft_p90=2s,itl_p90=300ms`: a request meets the objective when its time to first token
 is within the TTFT target and its own 90th percentile gap between tokens within the ITL
 target. Goodput is the requests that met it per second of offered traffic; a request refused,
-failed or timed out is a miss, so refusing wins only where the refused would have missed.
+failed or timed out is a miss, so refusing wins only where the refused would have missed. A
+stream still answering when a trial's replay ends is judged on what it had shown
+(`Outcome.cut`).
 """
 
 from __future__ import annotations

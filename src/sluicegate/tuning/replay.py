@@ -3,10 +3,11 @@ own time whatever the ones before are doing (traffic does not wait for the serve
 completion of the profile's token ids, streamed, its output held to the profile's length
 (`ignore_eos`). Each comes back as an `Outcome`: when its first text came and the gaps between
 the chunks that carry text (vLLM's benchmark times every chunk with choices; a chunk with none
-says nothing of the engine's pace), or that it was refused (429, 503) or failed. Every request
-is replayed streamed, an unstreamed one too: it is judged as its answer's first token and
-pace would be. The caller gives each trial a prompt maker of its own salt, so that no trial
-finds the one before's prompts in the prefix cache.
+says nothing of the engine's pace), or that it was refused (429, 503) or failed; one still
+streaming when the replay ends is cut, and judged on what it had shown (`Outcome.cut`).
+Every request is replayed streamed, an unstreamed one too: it is judged as its answer's
+first token and pace would be. The caller gives each trial a prompt maker of its own salt,
+so that no trial finds the one before's prompts in the prefix cache.
 """
 
 from __future__ import annotations
@@ -165,36 +166,44 @@ async def _one(
     last = started
     gaps: list[float] = []
     tokens = 0
+    deadline = asyncio.timeout(max(0.0, target.timeout if within is None else within))
     try:
-        async with asyncio.timeout(max(0.0, target.timeout if within is None else within)):
-            async with session.post(target.url + "/v1/completions", json=body) as response:
-                if response.status != 200:
-                    await response.read()
-                    refused = response.status in REFUSED
-                    rejected = 400 <= response.status < 500 and not refused
-                    return Outcome(None, refused=refused, failed=not refused, rejected=rejected)
-                async for line in response.content:
-                    if not line.startswith(b"data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        return Outcome(first, tuple(gaps), tokens, failed=True)
-                    if chunk.get("usage"):
-                        tokens = int(chunk["usage"].get("completion_tokens") or tokens)
-                    if not any(c.get("text") for c in chunk.get("choices") or ()):
-                        continue
-                    now = time.perf_counter()
-                    if first is None:
-                        first = now - started
-                        if on_first is not None:
-                            on_first()
-                    else:
-                        gaps.append(now - last)
-                    last = now
+        async with (
+            deadline,
+            session.post(target.url + "/v1/completions", json=body) as response,
+        ):
+            if response.status != 200:
+                await response.read()
+                refused = response.status in REFUSED
+                rejected = 400 <= response.status < 500 and not refused
+                return Outcome(None, refused=refused, failed=not refused, rejected=rejected)
+            async for line in response.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Outcome(first, tuple(gaps), tokens, failed=True)
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"].get("completion_tokens") or tokens)
+                if not any(c.get("text") for c in chunk.get("choices") or ()):
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now - started
+                    if on_first is not None:
+                        on_first()
+                else:
+                    gaps.append(now - last)
+                last = now
     except TimeoutError:
-        if cut and first is not None:  # its usage never came: a chunk holds a token at least
-            tokens = max(tokens, len(gaps) + 1)
-        return Outcome(first, tuple(gaps), tokens, failed=not cut, cut=cut)
+        if not (cut and deadline.expired()):  # too slow, or a timeout of aiohttp's own
+            return Outcome(first, tuple(gaps), tokens, failed=True)
+        if first is not None:
+            # The gap it was in when cut is one too (at least this long), and its usage
+            # never came: a chunk holds a token at least.
+            gaps.append(time.perf_counter() - last)
+            tokens = max(tokens, len(gaps))
+        return Outcome(first, tuple(gaps), tokens, cut=True)
     except (aiohttp.ClientError, ValueError):
         # Not the stream it should be (a line past aiohttp's bound, a chunk
         # that is no JSON): the request failed, the trial goes on.
