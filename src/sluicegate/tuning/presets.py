@@ -30,6 +30,8 @@ def make_preset(
     each fitting `max_model_len`."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    if not rate > 0:
+        raise ValueError(f"the rate must be above 0, not {rate}")
     rng = random.Random(seed)
     blocks = _Blocks()
     shape = {"chat": _chat, "rag": _rag, "batch": _batch}[name](rng, blocks, max_model_len)

@@ -28,7 +28,9 @@ def test_arrivals_come_in_bursts() -> None:
     busy = [r for r in profile.requests if int(r.t // BURST_SECONDS) % 2 == 0]
     quiet = [r for r in profile.requests if int(r.t // BURST_SECONDS) % 2 == 1]
     # 1.75x against 0.25x the mean rate, over equal times: 7 to 1.
-    assert len(busy) > 4 * len(quiet)
+    assert 6 * len(quiet) < len(busy) < 8 * len(quiet)
+    with pytest.raises(ValueError, match="rate"):
+        make_preset("chat", rate=0.0)
 
 
 def test_every_burst_is_as_high_as_the_others() -> None:
