@@ -26,6 +26,12 @@ from tests.support.metrics import metric_value
 BATCH = 4
 WAITING = 4
 BURST = 24
+ANSWER_TOKENS = 96
+"""Each answer's length (ignore_eos): long enough that none admitted ends while the burst
+is still being admitted on a loaded two-core host (an answer that ends frees its slot, and
+the next request is rightly admitted in its place). With 24 tokens, one CI run admitted 9
+while the two test lanes' engines shared the cores: most likely a first answer had ended
+before the burst's last request was admitted."""
 # A refusal a user would see as a stall (they take tens of ms): room for a loaded machine.
 REFUSAL_STALL_S = 2.0
 KV_BOUND = 0.0005
@@ -52,7 +58,7 @@ def body(i: int) -> dict[str, object]:
     return {
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": f"Count to ten, run {i}."}],
-        "max_tokens": 24,
+        "max_tokens": ANSWER_TOKENS,
         "ignore_eos": True,
         "temperature": 0.8,
         "stream": True,
@@ -94,7 +100,7 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     refused = [r for r in results if r[0] != 200]
     # At most a full batch running and a full waiting room; the rest refused, at once.
     assert BATCH <= len(admitted) <= BATCH + WAITING, len(admitted)
-    assert all(tokens == 24 for *_, tokens in admitted)  # whole (24 tokens, ignore_eos)
+    assert all(tokens == ANSWER_TOKENS for *_, tokens in admitted)  # whole (ignore_eos)
     assert {(status, code) for status, _, _, code, _ in refused} == {(503, "overloaded")}
     assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry, _, _ in refused)
     counted = metric_value(bounded.url, "sluicegate_admission_refused_total",
