@@ -122,7 +122,8 @@ def test_health_keeps_answering_while_a_hostile_body_is_worked_on(
     measured = (
         f"{name}: /health went {silence * 1000:.0f} ms without an answer, worst probe "
         f"{max(waits, default=0) * 1000:.0f} ms of {len(waits)}, in {ended - began:.2f} s of "
-        f"request; the gateway's own loop-lag samples meanwhile: {seen}"
+        f"request; the gateway's own loop-lag samples meanwhile: {seen}; the probing "
+        f"process's own worst lateness waking from a sleep {probed.probe_late * 1000:.0f} ms"
     )
     assert silence <= STALL_BOUND_S, measured
     assert samples_over(lag_before, lag_after, STALL_BUCKET) == 0, measured

@@ -21,12 +21,15 @@ PROBE_EVERY_S = 0.05
 # what is timed is the gateway, not the test's process (late in a full run pytest's process
 # is large and busy, and its pauses were once counted as the gateway's). Prints "probing"
 # when it starts, then at the end each probe's start (monotonic clock, shared by processes
-# on Linux), time taken and status, as JSON.
+# on Linux), time taken and status, as JSON; and on stderr how late it woke from its sleeps
+# at worst (the probing process starved of the CPU: a cause of a slow probe that is not the
+# gateway's).
 PROBE = """
 import json, os, sys, time
 import httpx
 url, stop, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
 probes = []
+late = 0.0
 with httpx.Client(base_url=url, timeout=60) as client:
     print("probing", flush=True)
     while not os.path.exists(stop):
@@ -34,8 +37,11 @@ with httpx.Client(base_url=url, timeout=60) as client:
         started = time.perf_counter()
         status = client.get("/health").status_code
         probes.append((at, time.perf_counter() - started, status))
+        asleep = time.perf_counter()
         time.sleep(interval)
+        late = max(late, time.perf_counter() - asleep - interval)
 print(json.dumps(probes))
+print(f"{late:.4f}", file=sys.stderr)
 """
 
 
@@ -74,6 +80,8 @@ class Probed:
     probes: list[list[float]]
     began: float
     ended: float
+    probe_late: float = 0.0
+    """Seconds the probing process woke late from its sleeps at worst."""
 
 
 def probe_while_sending(url: str, path: str, body: Path, folder: Path) -> Probed:
@@ -89,6 +97,7 @@ def probe_while_sending(url: str, path: str, body: Path, folder: Path) -> Probed
     with subprocess.Popen(
         [sys.executable, "-c", PROBE, url, str(stop), str(PROBE_EVERY_S)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     ) as prober:
         assert prober.stdout is not None
@@ -98,5 +107,6 @@ def probe_while_sending(url: str, path: str, body: Path, folder: Path) -> Probed
         ended = time.monotonic()
         stop.touch()
         probes = json.loads(prober.stdout.read())
+        late = (prober.stderr.read() if prober.stderr else "").strip().splitlines()
     status, _, answer = sender.stdout.partition("\n")
-    return Probed(status, answer, probes, began, ended)
+    return Probed(status, answer, probes, began, ended, float(late[-1]) if late else 0.0)
