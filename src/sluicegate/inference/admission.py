@@ -54,10 +54,6 @@ class EngineAdmission:
         self.queue.set_objective(bounds.ttft_objective)
         self.limits = _load_limits(bounds)
 
-    def forget(self) -> None:
-        """What the queue measured forgotten (`PrefillQueue.forget`); the bounds kept."""
-        self.queue.forget()
-
     def admit(
         self, tokens: int, elapsed: float, *, learns: bool, priority: int, key: str
     ) -> QueueTicket:
@@ -113,7 +109,7 @@ class Admission:
         queues have measured enough again. For a run that must not inherit what earlier load
         taught the estimate (`sluicegate tune`'s trials on one long-lived gateway)."""
         for engine in self._engines.values():
-            engine.forget()
+            engine.queue.forget()
         logger.info("admission measurements forgotten by %s", by)
 
 

@@ -15,10 +15,9 @@ window's end plus `DRAIN` (and judged on what it had shown by then: a long answe
 streaming in time and at pace is no miss; `Outcome.cut`). It stops as soon as more
 requests have missed than a configuration meeting the objective would miss in 19 runs of
 20 (7 of 40, 13 of 80, 22 of 160: `objective.plausible_misses`): that configuration cannot
-win. A new gateway answers
-`WARM_UP` short requests before it is measured, and after each run a gateway is left to
-finish what it was doing. A candidate that does not start, or dies, is a failed trial (all
-its requests missed); today's failing ends the tune.
+win. A new gateway answers `WARM_UP` short requests before it is measured, and after each
+run a gateway is left to finish what it was doing. A candidate that does not start, or
+dies, is a failed trial (all its requests missed); today's failing ends the tune.
 
 Every run starts from the same state, whether its gateway is new or has run before (today's
 through the whole search, both arms through the confirmation): the gateway forgets what its
