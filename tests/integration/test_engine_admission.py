@@ -13,13 +13,12 @@ so."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.support.burst import gateway_millis, send_burst
 from tests.support.gateway import MODEL_NAME, GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import metric_value
 
@@ -66,25 +65,14 @@ def body(i: int) -> dict[str, object]:
     }
 
 
-async def ask(client: httpx.AsyncClient, i: int) -> tuple[int, float, str | None, str, int]:
-    """Status, seconds to the answer's head, Retry-After, error code, tokens streamed (the
-    usage event's count: on a loaded machine vLLM hands a lagging reader several tokens in
-    one delta, so chunks undercount them)."""
-    started = time.perf_counter()
+async def ask(client: httpx.AsyncClient, i: int) -> int:
+    """The status of one request sent alone from the test's process, read whole."""
     async with client.stream("POST", "/v1/chat/completions", json=body(i)) as response:
-        took = time.perf_counter() - started
-        if response.status_code != 200:
+        if response.status_code == 200:
+            assert "data: [DONE]" in [line async for line in response.aiter_lines()]
+        else:
             await response.aread()
-            code = response.json()["error"]["code"]
-            return response.status_code, took, response.headers.get("retry-after"), code, 0
-        tokens = 0
-        done = False
-        async for line in response.aiter_lines():
-            if line.startswith("data: {") and '"usage":{' in line:
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-            done = done or line == "data: [DONE]"
-        assert done
-        return 200, took, None, "", tokens
+        return response.status_code
 
 
 async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
@@ -93,23 +81,26 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     before = metric_value(bounded.url, "sluicegate_admission_refused_total",
                           reason="engine_waiting")  # fmt: skip
     async with httpx.AsyncClient(base_url=bounded.url, timeout=120) as client:
-        assert (await ask(client, -1))[0] == 200  # the engine idle: nothing waits
-        results = await asyncio.gather(*(ask(client, i) for i in range(BURST)))
-        assert (await ask(client, -2))[0] == 200  # the burst gone: admitted again
-    admitted = [r for r in results if r[0] == 200]
-    refused = [r for r in results if r[0] != 200]
+        assert await ask(client, -1) == 200  # the engine idle: nothing waits
+        # From a process of its own: what is timed is the gateway, not pytest's process.
+        burst = await asyncio.to_thread(send_burst, bounded.url, [body(i) for i in range(BURST)])
+        assert await ask(client, -2) == 200  # the burst gone: admitted again
+    admitted = [a for a in burst.answers if a.status == 200]
+    refused = [a for a in burst.answers if a.status != 200]
     # At most a full batch running and a full waiting room; the rest refused, at once.
     assert BATCH <= len(admitted) <= BATCH + WAITING, len(admitted)
-    assert all(tokens == ANSWER_TOKENS for *_, tokens in admitted)  # whole (ignore_eos)
-    assert {(status, code) for status, _, _, code, _ in refused} == {(503, "overloaded")}
-    assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry, _, _ in refused)
+    assert all(a.done and a.tokens == ANSWER_TOKENS for a in admitted)  # whole (ignore_eos)
+    assert {(a.status, a.code) for a in refused} == {(503, "overloaded")}
+    assert all(a.retry_after is not None and 1 <= int(a.retry_after) <= 60 for a in refused)
     counted = metric_value(bounded.url, "sluicegate_admission_refused_total",
                            reason="engine_waiting") - before  # fmt: skip
     # At once: 70 ms median, 85 ms at most alone; the bound is a stall a user would see.
-    slowest = max(took for _, took, *_ in refused)
-    assert slowest < REFUSAL_STALL_S, (
-        f"a refusal took {slowest:.2f} s from the client, of {len(refused)} (the gateway "
-        f"counted {counted:g} as engine_waiting)"
+    slowest = max(refused, key=lambda a: a.took)
+    assert slowest.took < REFUSAL_STALL_S, (
+        f"a refusal took {slowest.took:.2f} s from the client, of {len(refused)} (the gateway "
+        f"counted {counted:g} as engine_waiting; its own time for that one "
+        f"{gateway_millis(bounded.log_path, slowest.request_id)} ms; the client's loop ran "
+        f"{burst.late:.2f} s late at worst)"
     )
     assert counted == len(refused)
 
@@ -130,7 +121,7 @@ async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
     # 155 tokens left after the five seen.
     long = {**body(0), "max_tokens": 160}
     async with httpx.AsyncClient(base_url=kv_bounded.url, timeout=120) as client:
-        assert (await ask(client, 1))[0] == 200  # idle: nothing in use
+        assert await ask(client, 1) == 200  # idle: nothing in use
         async with client.stream("POST", "/v1/chat/completions", json=long) as running:
             assert running.status_code == 200
             lines = running.aiter_lines()
@@ -139,12 +130,17 @@ async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
                 seen += '"content":"' in line
                 if seen >= 5:
                     break
-            status, took, retry, code, _ = await ask(client, 2)
-            assert (status, code) == (503, "overloaded")
-            assert retry is not None and 1 <= int(retry) <= 60
-            assert took < REFUSAL_STALL_S, f"the refusal took {took:.2f} s from the client"
+            sent = await asyncio.to_thread(send_burst, kv_bounded.url, [body(2)])
+            refused = sent.answers[0]
+            assert (refused.status, refused.code) == (503, "overloaded")
+            assert refused.retry_after is not None and 1 <= int(refused.retry_after) <= 60
+            assert refused.took < REFUSAL_STALL_S, (
+                f"the refusal took {refused.took:.2f} s from the client (the gateway's own "
+                f"time {gateway_millis(kv_bounded.log_path, refused.request_id)} ms; the "
+                f"client's loop ran {sent.late:.2f} s late at worst)"
+            )
             assert "data: [DONE]" in [line async for line in lines]  # it ran whole
-        assert (await ask(client, 3))[0] == 200  # the long one finished: admitted again
+        assert await ask(client, 3) == 200  # the long one finished: admitted again
     counted = metric_value(kv_bounded.url, "sluicegate_admission_refused_total",
                            reason="kv_cache") - before  # fmt: skip
     assert counted == 1
