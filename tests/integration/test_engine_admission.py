@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.burst import gateway_millis, send_burst
+from tests.support.access_log import request_millis
+from tests.support.burst import send_burst
 from tests.support.gateway import MODEL_NAME, GatewayProcess, GatewaySpec, running_gateways
 from tests.support.metrics import metric_value
 
@@ -41,8 +42,14 @@ KV_BOUND = 0.0005
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
     """The two gateways, started together (their start-ups overlap)."""
-    batch = {"SLUICEGATE_MAX_NUM_SEQS": str(BATCH), "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING)}
-    kv = {"SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)}
+    # JSON access lines: a slow refusal's message gives the gateway's own time for it.
+    logs = {"SLUICEGATE_LOG_FORMAT": "json"}
+    batch = {
+        **logs,
+        "SLUICEGATE_MAX_NUM_SEQS": str(BATCH),
+        "SLUICEGATE_MAX_ENGINE_WAITING": str(WAITING),
+    }
+    kv = {**logs, "SLUICEGATE_MAX_KV_CACHE_USAGE": str(KV_BOUND)}
     folder = tmp_path_factory.mktemp("engine-admission")
     with running_gateways(folder, GatewaySpec(env=batch), GatewaySpec(env=kv)) as started:
         yield started
@@ -99,7 +106,7 @@ async def test_a_burst_past_the_batch_and_the_waiting_room_is_refused_at_once(
     assert slowest.took < REFUSAL_STALL_S, (
         f"a refusal took {slowest.took:.2f} s from the client, of {len(refused)} (the gateway "
         f"counted {counted:g} as engine_waiting; its own time for that one "
-        f"{gateway_millis(bounded.log_path, slowest.request_id)} ms; the client's loop ran "
+        f"{request_millis(bounded, slowest.request_id)} ms; the client's loop ran "
         f"{burst.late:.2f} s late at worst)"
     )
     assert counted == len(refused)
@@ -136,7 +143,7 @@ async def test_the_kv_cache_bound_reads_the_engines_own_stats_after_each_step(
             assert refused.retry_after is not None and 1 <= int(refused.retry_after) <= 60
             assert refused.took < REFUSAL_STALL_S, (
                 f"the refusal took {refused.took:.2f} s from the client (the gateway's own "
-                f"time {gateway_millis(kv_bounded.log_path, refused.request_id)} ms; the "
+                f"time {request_millis(kv_bounded, refused.request_id)} ms; the "
                 f"client's loop ran {sent.late:.2f} s late at worst)"
             )
             assert "data: [DONE]" in [line async for line in lines]  # it ran whole

@@ -30,3 +30,14 @@ def refusal_times(gateway: GatewayProcess, log_start: int, count: int) -> list[f
         if len(times) >= count or time.monotonic() > deadline:
             return times
         time.sleep(0.05)
+
+
+def request_millis(gateway: GatewayProcess, request_id: str | None) -> float | None:
+    """The gateway's own time for one request (its JSON access line's `total_ms`), or None
+    when that line is not (yet) written."""
+    for line in gateway.log().splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("request_id") == request_id:
+                return float(entry["total_ms"])
+    return None

@@ -1,18 +1,16 @@
 """A burst of streamed requests sent at once from a process of its own, as a user's client
 would send them: what is timed is the gateway, not the test's process (late in a lane
 pytest's process holds some 500,000 objects, and one of its full garbage collections took
-0.47 s on a loaded two-core host: a pause its own clients would count as the gateway's). The
-gateway's own time for each request is read back from its access log
-(`tests/integration/test_engine_admission.py`)."""
+0.47 s on a loaded two-core host: a pause its own clients would count as the gateway's). Each
+answer carries its request id, by which `access_log.request_millis` finds the gateway's own
+time for it (`tests/integration/test_engine_admission.py`)."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 # Sends every body of the JSON list on stdin at once, streamed, and prints a JSON object:
 # "answers", one per body in order (status, seconds to the answer's head, Retry-After, error
@@ -95,16 +93,3 @@ def send_burst(url: str, bodies: list[dict[str, object]], timeout: float = 300) 
     assert sent.returncode == 0, sent.stderr[-2000:]
     out = json.loads(sent.stdout)
     return Burst([Answer(**a) for a in out["answers"]], float(out["late"]))
-
-
-_ACCESS_TOTAL = re.compile(r"request_id=(\w+) .* total_ms=([\d.]+)")
-
-
-def gateway_millis(log: Path, request_id: str | None) -> float | None:
-    """The gateway's own time for the request (its access line's `total_ms`, from the ASGI
-    app's first sight of it to the response's end), or None when not logged."""
-    for line in log.read_text(errors="replace").splitlines():
-        found = _ACCESS_TOTAL.search(line)
-        if found is not None and found.group(1) == request_id:
-            return float(found.group(2))
-    return None
